@@ -1,0 +1,369 @@
+"""Typed configuration: ACT-style YAML + dotted overrides + CLI flags -> :class:`Config`.
+
+The dataclasses below are the single source of truth for every key, its type and its default. Loading goes
+YAML (parsed with line numbers) -> key checks with suggestions -> ``OmegaConf.merge(schema, yaml, dotted,
+flags)`` -> semantic validation. Every problem is a :class:`~analysis.errors.ConfigError` naming the full key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import re
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from analysis.errors import ConfigError, did_you_mean
+
+logger = logging.getLogger(__name__)
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+INTERPOLATIONS = ("bilinear", "bicubic", "lanczos")
+CRITERIA = ("l1_norm", "l2_norm", "geometry_median", "bn_scale")
+METRICS = ("top1", "top5", "ce")
+RATIO_DECIMALS = 6
+
+# Blocks of PaddleSlim ACT compression configs. They configure training-time compression, which this tool does
+# not run, so they are accepted and reported as ignored (ChannelPrune lends two defaults, see _channel_prune_defaults).
+ACT_BLOCKS = (
+    "Distillation",
+    "MultiTeacherDistillation",
+    "ChannelPrune",
+    "UnstructurePrune",
+    "TransformerPrune",
+    "ASPPrune",
+    "QuantAware",
+    "QuantPost",
+    "Quantization",
+    "TrainConfig",
+    "HyperParameterOptimization",
+)
+# Keys of ACT's Global block that only matter to Paddle's reader; accepted and ignored.
+IGNORED_GLOBAL_KEYS = ("input_name", "reader_config")
+GLOBAL_ALIASES = {"crop_size": "img_size"}
+CHANNEL_PRUNE_DEFAULTS = ("prune_params_name", "criterion")
+
+
+@dataclass
+class GlobalConfig:
+    """The ``Global`` block: where the model and the evaluation data come from and how images are prepared."""
+
+    model_dir: str | None = None
+    model_filename: str | None = None
+    params_filename: str | None = None
+    arch: str | None = None
+    arch_kwargs: dict[str, Any] = field(default_factory=dict)
+    weights: str | None = None
+    trust_model_file: bool = False
+    data_dir: str | None = None
+    val_list: str = "val_list.txt"
+    batch_size: int = 32
+    img_size: int = 224
+    resize_size: int = 256
+    interpolation: str = "bilinear"
+    mean: list[float] = field(default_factory=lambda: list(IMAGENET_MEAN))
+    std: list[float] = field(default_factory=lambda: list(IMAGENET_STD))
+    num_workers: int | None = None
+    device: str = "auto"
+    max_samples: int | None = None
+    seed: int = 0
+
+
+@dataclass
+class SensitivityConfig:
+    """The ``SensitivityAnalysis`` block: what to prune, at which ratios, and how to score it."""
+
+    analysis_file: str | None = None
+    pruned_ratios: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4])
+    target_loss: float | None = None
+    criterion: str = "l1_norm"
+    prune_params_name: list[str] | None = None
+    skip_params: list[str] = field(default_factory=list)
+    metric: str = "top1"
+
+
+@dataclass
+class Config:
+    """The whole resolved configuration, plus what was read but not used."""
+
+    Global: GlobalConfig = field(default_factory=GlobalConfig)
+    SensitivityAnalysis: SensitivityConfig = field(default_factory=SensitivityConfig)
+    source: str | None = None
+    ignored_blocks: list[str] = field(default_factory=list)
+
+
+SECTIONS: dict[str, type] = {"Global": GlobalConfig, "SensitivityAnalysis": SensitivityConfig}
+
+
+def load_config(
+    path: str | Path,
+    overrides: Sequence[str] = (),
+    flags: Mapping[str, Any] | None = None,
+) -> Config:
+    """Load a YAML config and apply overrides.
+
+    Args:
+        path: The YAML file (ACT style: ``Global`` plus optional ``SensitivityAnalysis`` and ACT blocks).
+        overrides: Dotted ``Section.key=value`` strings; values are parsed as YAML.
+        flags: Values from dedicated CLI flags as ``{"Section.key": value}``; ``None`` values are skipped.
+            Precedence: flags > overrides > YAML > defaults.
+
+    Raises:
+        ConfigError: For any unreadable file, unknown key, wrong type or out-of-range value.
+    """
+    path = Path(path)
+    raw = _read_yaml(path)
+    sections, ignored = _split_blocks(raw, path)
+    dotted = _parse_overrides(overrides)
+    flag_layer = _flags_to_nested(flags or {})
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), sections, dotted, flag_layer)
+        config = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        raise ConfigError(_describe_omegaconf_error(error)) from None
+    assert isinstance(config, Config)
+    config.source = str(path)
+    config.ignored_blocks = ignored
+    if config.SensitivityAnalysis.analysis_file is None:
+        config.SensitivityAnalysis.analysis_file = str(Path("outputs") / path.stem / "sensitivity.pkl")
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    """Check values that types alone cannot express; normalise ratios to sorted ``round(r, 6)`` keys."""
+    g, s = config.Global, config.SensitivityAnalysis
+    if not g.data_dir:
+        raise ConfigError("Global.data_dir is not set; point it at the folder holding val_list.txt or val/<class>/.")
+    if g.arch is None and g.model_filename is None and g.params_filename is None and g.model_dir is None:
+        raise ConfigError(
+            "Global has no model: set Global.arch (a torchvision name or module:callable) and optionally "
+            "Global.model_dir/params_filename for its weights."
+        )
+    for key in ("batch_size", "img_size", "resize_size"):
+        if getattr(g, key) < 1:
+            raise ConfigError(f"Global.{key} must be a positive integer, got {getattr(g, key)}.")
+    if g.resize_size < g.img_size:
+        raise ConfigError(
+            f"Global.resize_size ({g.resize_size}) is smaller than Global.img_size ({g.img_size}); the center crop "
+            "would pad the image with black borders, so set resize_size >= img_size."
+        )
+    if g.interpolation not in INTERPOLATIONS:
+        raise ConfigError(
+            f"Global.interpolation must be one of {', '.join(INTERPOLATIONS)}, got '{g.interpolation}'"
+            f"{did_you_mean(g.interpolation, INTERPOLATIONS)}."
+        )
+    for key in ("mean", "std"):
+        values = getattr(g, key)
+        if len(values) != 3:
+            raise ConfigError(f"Global.{key} must list 3 values (R, G, B), got {len(values)}.")
+    if any(v <= 0 for v in g.std):
+        raise ConfigError(f"Global.std values must be positive, got {list(g.std)}.")
+    if g.num_workers is not None and g.num_workers < 0:
+        raise ConfigError(f"Global.num_workers must be 0 or more (or unset for automatic), got {g.num_workers}.")
+    if g.max_samples is not None and g.max_samples < 1:
+        raise ConfigError(f"Global.max_samples must be a positive integer (or unset for all), got {g.max_samples}.")
+    if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+|mps", g.device):
+        raise ConfigError(f"Global.device must be auto, cpu, cuda or cuda:N, got '{g.device}'.")
+
+    s.pruned_ratios = normalise_ratios(s.pruned_ratios, "SensitivityAnalysis.pruned_ratios")
+    if s.target_loss is not None and not (0.0 <= s.target_loss <= 1.0 and math.isfinite(s.target_loss)):
+        raise ConfigError(
+            f"SensitivityAnalysis.target_loss must be a relative loss between 0 and 1 (0.01 = 1%), got {s.target_loss}."
+        )
+    if s.criterion not in CRITERIA:
+        raise ConfigError(
+            f"SensitivityAnalysis.criterion must be one of {', '.join(CRITERIA)}, got '{s.criterion}'"
+            f"{did_you_mean(s.criterion, CRITERIA)}."
+        )
+    if s.metric not in METRICS:
+        raise ConfigError(
+            f"SensitivityAnalysis.metric must be one of {', '.join(METRICS)}, got '{s.metric}'"
+            f"{did_you_mean(s.metric, METRICS)}."
+        )
+    if not s.analysis_file:
+        raise ConfigError("SensitivityAnalysis.analysis_file must not be empty.")
+
+
+def normalise_ratios(ratios: Sequence[float], key: str) -> list[float]:
+    """Return the ratios rounded to 6 decimals, deduplicated and sorted; each must lie strictly in (0, 1)."""
+    if not ratios:
+        raise ConfigError(f"{key} is empty; list at least one ratio, e.g. [0.1, 0.2, 0.3, 0.4].")
+    for ratio in ratios:
+        if not (0.0 < ratio < 1.0):
+            raise ConfigError(f"{key} must hold ratios strictly between 0 and 1, got {ratio}.")
+    return sorted({round(float(r), RATIO_DECIMALS) for r in ratios})
+
+
+def describe(config: Config) -> str:
+    """Return a compact, human-readable summary of the resolved config (set values only)."""
+    lines = [f"config: {config.source}"]
+    for name in SECTIONS:
+        section = getattr(config, name)
+        items = [f"{k}={_short(v)}" for k, v in dataclasses.asdict(section).items() if v not in (None, [], {})]
+        lines.append(textwrap.fill(" ".join(items), width=118, initial_indent=f"  {name}: ", subsequent_indent="    "))
+    if config.ignored_blocks:
+        lines.append(f"  ignored blocks: {', '.join(config.ignored_blocks)}")
+    return "\n".join(lines)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, list) and len(value) > 6:
+        return f"[{', '.join(map(str, value[:3]))}, ... {len(value)} items]"
+    if isinstance(value, list):
+        return "[" + ",".join(map(str, value)) + "]"
+    return str(value)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"Config file {path} does not exist; pass an existing YAML file with --config_path.")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as error:
+        mark, context = error.problem_mark, error.context_mark
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        started = (
+            f", in the {error.context.split()[-1]} opened on line {context.line + 1}"
+            if (context and error.context and mark and context.line != mark.line)
+            else ""
+        )
+        raise ConfigError(f"Config file {path}{where}: invalid YAML ({error.problem}{started}).") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise ConfigError(f"Config file {path} is not valid YAML ({error}).") from None
+    if data is None:
+        raise ConfigError(f"Config file {path} is empty; it needs at least a Global block.")
+    if not isinstance(data, dict):
+        raise ConfigError(f"Config file {path} must be a mapping of blocks (Global: ...), not a {type(data).__name__}.")
+    return data
+
+
+def _split_blocks(raw: dict[str, Any], path: Path) -> tuple[dict[str, Any], list[str]]:
+    """Separate our sections from ACT blocks; check keys; apply aliases and ChannelPrune defaults."""
+    if not isinstance(raw.get("Global"), dict):
+        raise ConfigError(
+            f"Config file {path} has no Global block; add one with the model (arch/model_dir) and data_dir."
+        )
+    sections: dict[str, Any] = {}
+    ignored: list[str] = []
+    for name, block in raw.items():
+        if name in SECTIONS:
+            if block is None:
+                block = {}
+            if not isinstance(block, dict):
+                raise ConfigError(f"{name} in {path} must be a mapping of keys, not a {type(block).__name__}.")
+            sections[name] = _check_section(name, block)
+        elif name in ACT_BLOCKS:
+            ignored.append(name)
+        else:
+            logger.warning(
+                "Unknown top-level block '%s' in %s is ignored%s.", name, path, did_you_mean(str(name), SECTIONS)
+            )
+            ignored.append(str(name))
+    analysis = sections.setdefault("SensitivityAnalysis", {})
+    channel_prune = raw.get("ChannelPrune")
+    if isinstance(channel_prune, dict):
+        for key in CHANNEL_PRUNE_DEFAULTS:
+            if key in channel_prune and key not in analysis:
+                analysis[key] = channel_prune[key]
+                logger.info("Using ChannelPrune.%s as SensitivityAnalysis.%s.", key, key)
+    return sections, ignored
+
+
+def _check_section(name: str, block: dict[str, Any]) -> dict[str, Any]:
+    """Return the block with aliases resolved; raise on unknown keys, suggesting the closest valid one."""
+    schema_keys = [f.name for f in dataclasses.fields(SECTIONS[name])]
+    checked: dict[str, Any] = {}
+    for key, value in block.items():
+        key = str(key)
+        if name == "Global" and key in IGNORED_GLOBAL_KEYS:
+            continue
+        target = GLOBAL_ALIASES.get(key, key) if name == "Global" else key
+        if target not in schema_keys:
+            raise ConfigError(f"Unknown key {name}.{key}{did_you_mean(key, schema_keys)}.")
+        if target in checked and checked[target] != value:
+            raise ConfigError(f"{name}.{key} and {name}.{target} are aliases but set to different values; keep one.")
+        checked[target] = value
+    return checked
+
+
+def _parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """Turn ``Section.key=value`` strings into nested dicts, checking sections and keys."""
+    nested: dict[str, dict[str, Any]] = {}
+    for item in overrides:
+        dotted, sep, _ = item.partition("=")
+        parts = dotted.split(".")
+        if not sep or len(parts) < 2 or not all(parts):
+            raise ConfigError(f"Override '{item}' must look like Section.key=value, e.g. Global.batch_size=64.")
+        if parts[0] not in SECTIONS:
+            raise ConfigError(
+                f"Override '{item}' names unknown section '{parts[0]}'{did_you_mean(parts[0], SECTIONS)}; "
+                f"use one of {', '.join(SECTIONS)}."
+            )
+        try:
+            layer = OmegaConf.to_container(OmegaConf.from_dotlist([item]))
+        except OmegaConfBaseException as error:
+            raise ConfigError(f"Override '{item}' could not be parsed ({_first_line(str(error))}).") from None
+        assert isinstance(layer, dict)
+        section = _check_section(parts[0], layer[parts[0]])
+        _deep_update(nested.setdefault(parts[0], {}), section)
+    return nested
+
+
+def _flags_to_nested(flags: Mapping[str, Any]) -> dict[str, Any]:
+    nested: dict[str, dict[str, Any]] = {}
+    for dotted, value in flags.items():
+        if value is None:
+            continue
+        section, key = dotted.split(".", 1)
+        nested.setdefault(section, {})[key] = value
+    return nested
+
+
+def _deep_update(target: dict[str, Any], update: Mapping[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(target.get(key), dict):
+            _deep_update(target[key], value)
+        else:
+            target[key] = value
+
+
+_EXPECTED = {
+    "Integer": "an integer",
+    "Float": "a number",
+    "Boolean": "true or false",
+    "String": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "a string",
+}
+
+
+def _describe_omegaconf_error(error: OmegaConfBaseException) -> str:
+    """Turn an OmegaConf validation error into one sentence that names the full key."""
+    key = getattr(error, "full_key", None) or "config"
+    value = getattr(error, "value", None)
+    message = _first_line(getattr(error, "msg", None) or str(error))
+    match = re.search(r"converted to (\w+)|field of type '(\w+)'", message)
+    if match:
+        expected = _EXPECTED.get(match.group(1) or match.group(2), match.group(1) or match.group(2))
+        return f"{key} must be {expected}, got {value!r}."
+    if "is not a ListConfig" in message or "not a list" in message.lower():
+        return f"{key} must be a list (e.g. [a, b]), got {value!r}."
+    if "is not a DictConfig" in message or "not a dict" in message.lower():
+        return f"{key} must be a mapping (key: value), got {value!r}."
+    return f"{key}: {message}."
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text

@@ -1,0 +1,29 @@
+"""Pick the torch device named by ``Global.device``."""
+
+from __future__ import annotations
+
+import torch
+
+from analysis.errors import ConfigError
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """Return the device for ``auto`` (first GPU if any, else CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
+
+    Raises:
+        ConfigError: If the requested accelerator is not available on this machine.
+    """
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"Global.device is '{spec}' but no CUDA GPU is available; use Global.device=auto or cpu.")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"Global.device is '{spec}' but only {torch.cuda.device_count()} GPU(s) are visible "
+                f"(cuda:0..cuda:{torch.cuda.device_count() - 1})."
+            )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("Global.device is 'mps' but Apple's MPS backend is not available; use auto or cpu.")
+    return device

@@ -1,0 +1,32 @@
+"""Exceptions for problems the user can fix (bad config, data, model files).
+
+The CLI prints a :class:`UserError` as one sentence and exits with code 2; every other exception is a bug
+and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class UserError(Exception):
+    """A problem with the user's input, described in one actionable sentence."""
+
+
+class ConfigError(UserError):
+    """The YAML config or a command-line override is invalid."""
+
+
+class DataError(UserError):
+    """The evaluation data cannot be found, parsed or decoded."""
+
+
+class ModelError(UserError):
+    """The model cannot be built or its weights cannot be loaded."""
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """Return ``" (did you mean 'x'?)"`` for the closest candidate, or an empty string when none is close."""
+    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean '{matches[0]}'?)" if matches else ""

@@ -1,0 +1,207 @@
+"""The command line: a baseline run, and exit code 2 with one sentence for every kind of bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+import analysis.cli
+from analysis.models import create_architecture
+
+from conftest import REPO, TINY_MODELS, CliResult, tiny_global, write_config, write_images
+
+Cli = Callable[..., CliResult]
+
+
+def config_file(tmp_path: Path, data_dir: Path, **extra: object) -> Path:
+    return write_config(tmp_path / "cfg.yaml", {"Global": tiny_global(data_dir, **extra)})
+
+
+def assert_user_error(result: CliResult, pattern: str) -> None:
+    import re
+
+    assert result.code == 2, result.err
+    lines = result.err.strip().splitlines()
+    assert lines[-1].startswith("error: "), result.err
+    assert re.search(pattern, lines[-1]), lines[-1]
+    assert "Traceback" not in result.err
+    assert result.out == ""
+
+
+def test_baseline_run_prints_one_result_line(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    result = cli("--config_path", config_file(tmp_path, list_data))
+    assert result.code == 0, result.err
+    assert result.out.startswith("baseline: top1=") and "(20 images" in result.out
+    assert "PaddleSlim list" in result.err and "Global: arch=" in result.err
+
+
+def test_flags_and_overrides_reach_the_config(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    path = config_file(tmp_path, list_data)
+    result = cli("--config_path", path, "--pruned_ratios", "0.5", "0.25,0.75", "Global.max_samples=10", "--quiet")
+    assert result.code == 0, result.err
+    assert "(10 images" in result.out
+    assert result.err == ""  # --quiet: no config dump, no progress
+
+
+def test_baseline_matches_a_direct_evaluation(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    torch.manual_seed(5)
+    model = create_architecture(f"{TINY_MODELS}:tiny_cnn", {"num_classes": 10})
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    result = cli("--config_path", config_file(tmp_path, list_data, params_filename=str(tmp_path / "w.pt")))
+    from analysis.config import GlobalConfig
+    from analysis.data import build_eval_loader
+    from analysis.evaluate import evaluate
+
+    cfg = GlobalConfig(**tiny_global(list_data))
+    expected = evaluate(model.eval(), build_eval_loader(cfg, torch.device("cpu")), progress=False)
+    assert f"top1={expected.top1:.4f} top5={expected.top5:.4f} ce={expected.ce:.4f}" in result.out
+
+
+def test_act_config_lists_its_ignored_blocks(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    path = write_config(
+        tmp_path / "act.yaml",
+        {
+            "Global": tiny_global(list_data, input_name="x"),
+            "Distillation": {"alpha": 1.0, "loss": "l2", "node": ["softmax_0.tmp_0"]},
+            "ChannelPrune": {"pruned_ratio": 0.25, "criterion": "l1_norm", "prune_params_name": ["0.weight"]},
+            "TrainConfig": {"epochs": 1, "learning_rate": {"type": "CosineAnnealingDecay", "learning_rate": 0.01}},
+        },
+    )
+    result = cli("--config_path", path)
+    assert result.code == 0, result.err
+    assert "ignored blocks: Distillation, ChannelPrune, TrainConfig" in result.err
+
+
+def bad_yaml(tmp_path: Path, data: Path) -> list[str]:
+    path = tmp_path / "bad.yaml"
+    path.write_text("Global:\n  arch: resnet18\n  data_dir: [x\n")
+    return ["--config_path", str(path)]
+
+
+def no_global(tmp_path: Path, data: Path) -> list[str]:
+    return ["--config_path", str(write_config(tmp_path / "c.yaml", {"TrainConfig": {"epochs": 1}}))]
+
+
+def with_global(**changes: object) -> Callable[[Path, Path], list[str]]:
+    def make(tmp_path: Path, data: Path) -> list[str]:
+        block = tiny_global(data)
+        for key, value in changes.items():
+            if value is None:
+                block.pop(key, None)
+            else:
+                block[key] = value(tmp_path) if callable(value) else value
+        return ["--config_path", str(write_config(tmp_path / "c.yaml", {"Global": block}))]
+
+    return make
+
+
+def corrupt_image(tmp_path: Path, data: Path) -> list[str]:
+    (data / "val" / "img_0003.png").write_bytes(b"not a png")
+    return with_global()(tmp_path, data)
+
+
+def missing_image(tmp_path: Path, data: Path) -> list[str]:
+    (data / "val" / "img_0003.png").unlink()
+    return with_global()(tmp_path, data)
+
+
+def unlabeled_line(tmp_path: Path, data: Path) -> list[str]:
+    with (data / "val_list.txt").open("a") as handle:
+        handle.write("val/img_0001.png\n")
+    return with_global()(tmp_path, data)
+
+
+def no_layout(tmp_path: Path, data: Path) -> list[str]:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    return with_global(data_dir=str(empty))(tmp_path, data)
+
+
+def mismatched_checkpoint(tmp_path: Path, data: Path) -> list[str]:
+    torch.save(create_architecture(f"{TINY_MODELS}:tiny_cnn", {"num_classes": 3}).state_dict(), tmp_path / "w.pt")
+    return with_global(params_filename=str(tmp_path / "w.pt"))(tmp_path, data)
+
+
+def untrusted_module(tmp_path: Path, data: Path) -> list[str]:
+    torch.save(create_architecture(f"{TINY_MODELS}:tiny_cnn", {}), tmp_path / "full.pt")
+    return with_global(arch=None, arch_kwargs=None, model_filename=str(tmp_path / "full.pt"))(tmp_path, data)
+
+
+BAD_INPUTS = {
+    "missing config file": (lambda t, d: ["--config_path", str(t / "nope.yaml")], r"nope\.yaml does not exist"),
+    "yaml syntax error": (bad_yaml, r"bad\.yaml line 4, column 1: invalid YAML .*opened on line 3"),
+    "missing Global": (no_global, r"has no Global block"),
+    "unknown key in Global": (with_global(batchsize=3), r"Unknown key Global\.batchsize \(did you mean 'batch_size'"),
+    "wrong type": (with_global(batch_size="abc"), r"Global\.batch_size must be an integer, got 'abc'"),
+    "ratio outside (0, 1)": (
+        lambda t, d: [*with_global()(t, d), "--pruned_ratios", "0.2", "1.2"],
+        r"SensitivityAnalysis\.pruned_ratios must hold ratios strictly between 0 and 1, got 1\.2",
+    ),
+    "ratio not a number": (
+        lambda t, d: [*with_global()(t, d), "--pruned_ratios", "0.2", "half"],
+        r"--pruned_ratios: 'half' is not a number",
+    ),
+    "data_dir not set": (with_global(data_dir=None), r"Global\.data_dir is not set"),
+    "data_dir missing": (with_global(data_dir=lambda t: str(t / "gone")), r"Global\.data_dir .*gone does not exist"),
+    "no val_list and no ImageFolder": (no_layout, r"has neither val_list\.txt .* nor val/<class>/"),
+    "val_list line without label": (unlabeled_line, r"val_list\.txt line 21: 'val/img_0001\.png' has no label"),
+    "image does not exist": (missing_image, r"val_list\.txt line 4: image .*img_0003\.png does not exist"),
+    "corrupt image": (corrupt_image, r"val_list\.txt line 4: image .*img_0003\.png cannot be decoded"),
+    "label out of range": (
+        with_global(arch_kwargs={"num_classes": 4}),
+        r"line 5: label 4 is outside the model's 4 classes",
+    ),
+    "checkpoint not found": (
+        with_global(model_dir=lambda t: str(t), params_filename="w.pt"),
+        r"Checkpoint .*w\.pt does not exist; check Global\.model_dir and Global\.params_filename",
+    ),
+    "checkpoint keys mismatch": (mismatched_checkpoint, r"w\.pt does not match Global\.arch .*with another shape"),
+    "untrusted pickled module": (untrusted_module, r"full\.pt contains pickled Python objects .*trust_model_file"),
+    "unknown arch": (with_global(arch="resnet81"), r"Global\.arch 'resnet81' is not a torchvision model"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_exits_2_with_one_sentence(cli: Cli, tmp_path: Path, list_data: Path, case: str) -> None:
+    make_argv, pattern = BAD_INPUTS[case]
+    assert_user_error(cli(*make_argv(tmp_path, list_data)), pattern)
+
+
+def test_imagefolder_layout_end_to_end(cli: Cli, tmp_path: Path) -> None:
+    root = tmp_path / "folder"
+    write_images(root, "folder", [i % 10 for i in range(30)])
+    result = cli("--config_path", config_file(tmp_path, root))
+    assert result.code == 0, result.err
+    assert "(30 images" in result.out and "ImageFolder" in result.err
+
+
+def test_internal_bugs_keep_their_traceback(
+    cli: Cli, tmp_path: Path, list_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(analysis.cli, "evaluate", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli("--config_path", config_file(tmp_path, list_data))
+
+
+def test_run_py_exits_2_without_traceback(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "run.py", "--config_path", str(tmp_path / "missing.yaml")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip() == f"error: Config file {tmp_path / 'missing.yaml'} does not exist; pass an existing "
+        "YAML file with --config_path."
+    )
+    assert proc.stdout == ""

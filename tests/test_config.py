@@ -1,0 +1,159 @@
+"""Config loading: defaults, aliases, ACT blocks, precedence, and one clear sentence for every mistake."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from analysis.config import ACT_BLOCKS, load_config, normalise_ratios
+from analysis.errors import ConfigError
+
+from conftest import write_config
+
+
+def minimal(tmp_path: Path, **sections: dict) -> Path:
+    data = {"Global": {"arch": "resnet18", "data_dir": str(tmp_path)}}
+    for name, block in sections.items():
+        data.setdefault(name, {}).update(block)
+    return write_config(tmp_path / "cfg.yaml", data)
+
+
+def test_defaults_match_the_documented_values(tmp_path: Path) -> None:
+    config = load_config(minimal(tmp_path))
+    g, s = config.Global, config.SensitivityAnalysis
+    assert (g.img_size, g.resize_size, g.batch_size, g.val_list) == (224, 256, 32, "val_list.txt")
+    assert g.interpolation == "bilinear" and g.device == "auto" and g.trust_model_file is False
+    assert g.mean == pytest.approx([0.485, 0.456, 0.406]) and g.std == pytest.approx([0.229, 0.224, 0.225])
+    assert s.pruned_ratios == [0.1, 0.2, 0.3, 0.4]
+    assert (s.criterion, s.metric, s.target_loss, s.prune_params_name) == ("l1_norm", "top1", None, None)
+    assert s.analysis_file == str(Path("outputs") / "cfg" / "sensitivity.pkl")
+
+
+def test_crop_size_is_an_alias_of_img_size_and_paddle_reader_keys_are_ignored(tmp_path: Path) -> None:
+    path = minimal(tmp_path, Global={"crop_size": 192, "input_name": "x", "reader_config": "reader.yml"})
+    assert load_config(path).Global.img_size == 192
+
+
+def test_conflicting_aliases_are_an_error(tmp_path: Path) -> None:
+    path = minimal(tmp_path, Global={"crop_size": 192, "img_size": 224})
+    with pytest.raises(ConfigError, match=r"Global\.img_size.*aliases"):
+        load_config(path)
+
+
+def test_act_blocks_are_listed_as_ignored_and_channel_prune_lends_defaults(tmp_path: Path) -> None:
+    path = minimal(
+        tmp_path,
+        Distillation={"alpha": 1.0, "loss": "l2"},
+        ChannelPrune={"pruned_ratio": 0.25, "criterion": "bn_scale", "prune_params_name": ["conv1.weight"]},
+        TrainConfig={"epochs": 1},
+        QuantAware={"weight_bits": 8},
+    )
+    config = load_config(path)
+    assert config.ignored_blocks == ["Distillation", "ChannelPrune", "TrainConfig", "QuantAware"]
+    assert config.SensitivityAnalysis.criterion == "bn_scale"
+    assert config.SensitivityAnalysis.prune_params_name == ["conv1.weight"]
+
+
+def test_analysis_block_wins_over_channel_prune(tmp_path: Path) -> None:
+    path = minimal(
+        tmp_path,
+        ChannelPrune={"criterion": "bn_scale"},
+        SensitivityAnalysis={"criterion": "l2_norm"},
+    )
+    assert load_config(path).SensitivityAnalysis.criterion == "l2_norm"
+
+
+def test_every_act_block_is_accepted(tmp_path: Path) -> None:
+    path = minimal(tmp_path, **{name: {"anything": 1} for name in ACT_BLOCKS})
+    assert load_config(path).ignored_blocks == list(ACT_BLOCKS)
+
+
+def test_unknown_top_level_block_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = minimal(tmp_path, Distilation={"alpha": 1})
+    with caplog.at_level(logging.WARNING, logger="analysis"):
+        config = load_config(path)
+    assert "Distilation" in config.ignored_blocks
+    assert "Unknown top-level block 'Distilation'" in caplog.text
+
+
+def test_precedence_flag_over_override_over_yaml_over_default(tmp_path: Path) -> None:
+    path = minimal(tmp_path, Global={"batch_size": 16}, SensitivityAnalysis={"target_loss": 0.1})
+    config = load_config(
+        path,
+        overrides=["Global.batch_size=64", "SensitivityAnalysis.target_loss=0.2", "SensitivityAnalysis.metric=top5"],
+        flags={"SensitivityAnalysis.target_loss": 0.3, "SensitivityAnalysis.analysis_file": None},
+    )
+    assert config.Global.batch_size == 64  # override beats YAML
+    assert config.SensitivityAnalysis.target_loss == 0.3  # flag beats override
+    assert config.SensitivityAnalysis.metric == "top5"  # override beats default
+    assert config.Global.img_size == 224  # default survives
+
+
+def test_overrides_reach_nested_mappings_and_lists(tmp_path: Path) -> None:
+    path = minimal(tmp_path, Global={"arch_kwargs": {"num_classes": 10, "width_mult": 0.5}})
+    config = load_config(path, overrides=["Global.arch_kwargs.num_classes=5", "SensitivityAnalysis.skip_params=[a,b]"])
+    assert config.Global.arch_kwargs == {"num_classes": 5, "width_mult": 0.5}
+    assert config.SensitivityAnalysis.skip_params == ["a", "b"]
+
+
+def test_ratios_are_rounded_deduplicated_and_sorted() -> None:
+    assert normalise_ratios([0.30000000000000004, 0.1, 0.3], "k") == [0.1, 0.3]
+
+
+@pytest.mark.parametrize(
+    ("sections", "overrides", "message"),
+    [
+        ({"Global": {"batch_sise": 8}}, [], r"Unknown key Global\.batch_sise \(did you mean 'batch_size'\?\)"),
+        ({"SensitivityAnalysis": {"pruned_ratio": [0.1]}}, [], r"SensitivityAnalysis\.pruned_ratio .*'pruned_ratios'"),
+        ({"Global": {"batch_size": "abc"}}, [], r"Global\.batch_size must be an integer, got 'abc'"),
+        ({"Global": {"mean": ["a", 1, 2]}}, [], r"Global\.mean\[0\] must be a number"),
+        ({"SensitivityAnalysis": {"pruned_ratios": [0.1, 1.5]}}, [], r"pruned_ratios must hold ratios strictly.*1\.5"),
+        ({"SensitivityAnalysis": {"pruned_ratios": [0.0]}}, [], r"strictly between 0 and 1, got 0\.0"),
+        ({"SensitivityAnalysis": {"pruned_ratios": []}}, [], r"pruned_ratios is empty"),
+        ({"SensitivityAnalysis": {"criterion": "l1norm"}}, [], r"criterion must be one of .*did you mean 'l1_norm'"),
+        ({"SensitivityAnalysis": {"metric": "acc"}}, [], r"metric must be one of top1, top5, ce"),
+        ({"SensitivityAnalysis": {"target_loss": 2.0}}, [], r"target_loss must be a relative loss"),
+        ({"Global": {"interpolation": "bilinaer"}}, [], r"interpolation .*did you mean 'bilinear'"),
+        ({"Global": {"resize_size": 200}}, [], r"resize_size \(200\) is smaller than Global\.img_size \(224\)"),
+        ({"Global": {"std": [0.2, 0.0, 0.2]}}, [], r"Global\.std values must be positive"),
+        ({"Global": {"device": "gpu"}}, [], r"Global\.device must be auto, cpu, cuda or cuda:N"),
+        ({}, ["Global.batch_size"], r"must look like Section\.key=value"),
+        ({}, ["Globl.batch_size=3"], r"unknown section 'Globl' \(did you mean 'Global'\?\)"),
+        ({}, ["Global.imgsize=3"], r"Unknown key Global\.imgsize \(did you mean 'img_size'\?\)"),
+        ({}, ["Global.batch_size=0"], r"Global\.batch_size must be a positive integer"),
+    ],
+)
+def test_bad_values_name_the_key(tmp_path: Path, sections: dict, overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(minimal(tmp_path, **sections), overrides=overrides)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope\.yaml does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_yaml_syntax_error_reports_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("Global:\n  arch: resnet18\n  data_dir: [unclosed\n  batch_size: 4\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml line \d+, column \d+: invalid YAML"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("text", ["Distillation:\n  alpha: 1\n", "Global:\n", "- a\n- b\n", ""])
+def test_missing_or_malformed_global(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"no Global block|is empty|must be a mapping"):
+        load_config(path)
+
+
+def test_data_dir_and_model_are_required(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "a.yaml", {"Global": {"arch": "resnet18"}})
+    with pytest.raises(ConfigError, match=r"Global\.data_dir is not set"):
+        load_config(path)
+    path = write_config(tmp_path / "b.yaml", {"Global": {"data_dir": "x"}})
+    with pytest.raises(ConfigError, match=r"Global has no model"):
+        load_config(path)

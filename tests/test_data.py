@@ -1,0 +1,225 @@
+"""Evaluation data: both layouts, the exact eval transform, subsets, and clear errors for broken data."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from analysis.config import GlobalConfig
+from analysis.data import (
+    EvalLoader,
+    Preprocess,
+    build_eval_loader,
+    find_samples,
+    load_image,
+    normalize_batch,
+    select_subset,
+)
+from analysis.errors import DataError
+
+from conftest import write_images
+
+CPU = torch.device("cpu")
+
+
+def test_paddleslim_list_layout_keeps_list_order_and_labels(tmp_path: Path) -> None:
+    labels = [3, 1, 4, 1, 5, 9, 2, 6]
+    write_images(tmp_path, "list", labels)
+    samples, layout = find_samples(tmp_path)
+    assert "PaddleSlim list" in layout
+    assert [s.label for s in samples] == labels
+    assert [Path(s.path).name for s in samples] == [f"img_{i:04d}.png" for i in range(len(labels))]
+    assert samples[2].source.endswith("val_list.txt line 3")
+
+
+def test_image_folder_layout_sorts_classes_like_torchvision(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    for name in ["n02", "n10", "n01"]:
+        (root / "val" / name).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(root / "val" / name / "b.JPEG")
+        Image.new("RGB", (8, 8)).save(root / "val" / name / "a.png")
+    (root / "val" / "n01" / "notes.txt").write_text("not an image")
+    samples, layout = find_samples(root)
+    assert "ImageFolder" in layout
+    assert [(Path(s.path).parent.name, Path(s.path).name, s.label) for s in samples] == [
+        ("n01", "a.png", 0), ("n01", "b.JPEG", 0), ("n02", "a.png", 1), ("n02", "b.JPEG", 1),
+        ("n10", "a.png", 2), ("n10", "b.JPEG", 2),
+    ]  # fmt: skip
+
+
+def test_list_layout_wins_when_both_are_present(tmp_path: Path) -> None:
+    write_images(tmp_path, "list", [0, 1])
+    (tmp_path / "val" / "cls").mkdir()
+    assert "PaddleSlim" in find_samples(tmp_path)[1]
+
+
+def test_custom_val_list_name_and_blank_or_comment_lines(tmp_path: Path) -> None:
+    write_images(tmp_path, "list", [0, 1, 2])
+    text = (tmp_path / "val_list.txt").read_text()
+    (tmp_path / "small.txt").write_text("# header\n\n" + text)
+    samples, _ = find_samples(tmp_path, "small.txt")
+    assert [s.label for s in samples] == [0, 1, 2]
+    assert samples[0].source.endswith("small.txt line 3")
+
+
+def test_transform_matches_hand_computed_pixels(tmp_path: Path) -> None:
+    # 6 wide x 4 high: the short side is already resize_size, so only the crop and normalisation act.
+    pixels = np.arange(6 * 4 * 3, dtype=np.uint8).reshape(4, 6, 3) * 2
+    Image.fromarray(pixels).save(tmp_path / "x.png")
+    pre = Preprocess(img_size=2, resize_size=4, mean=(0.5, 0.25, 0.0), std=(0.5, 0.25, 1.0))
+    image = load_image(str(tmp_path / "x.png"), pre)
+    assert image.dtype == torch.uint8 and image.shape == (3, 2, 2)
+    # torchvision's center crop: top = round((4 - 2) / 2) = 1, left = round((6 - 2) / 2) = 2.
+    expected_uint8 = torch.from_numpy(pixels[1:3, 2:4].copy()).permute(2, 0, 1)
+    assert torch.equal(image, expected_uint8)
+    normalised = normalize_batch(image.unsqueeze(0), pre)[0]
+    r, g, b = (expected_uint8[c].double() / 255 for c in range(3))
+    expected = torch.stack([(r - 0.5) / 0.5, (g - 0.25) / 0.25, b])
+    assert normalised.dtype == torch.float32
+    assert torch.allclose(normalised.double(), expected, atol=1e-6)
+    # e.g. the red value of the top-left output pixel is pixels[1, 2, 0] = (1*6 + 2) * 3 * 2 = 48.
+    assert normalised[0, 0, 0].item() == pytest.approx((48 / 255 - 0.5) / 0.5, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "interpolation", "resample"),
+    [(40, 30, "bilinear", Image.BILINEAR), (30, 47, "bicubic", Image.BICUBIC), (33, 50, "lanczos", Image.LANCZOS)],
+)
+def test_short_side_resize_then_center_crop(
+    tmp_path: Path, width: int, height: int, interpolation: str, resample: int
+) -> None:
+    rng = np.random.default_rng(1)
+    pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "x.png")
+    pre = Preprocess(img_size=16, resize_size=20, interpolation=interpolation)
+    image = load_image(str(tmp_path / "x.png"), pre)
+    # The short side becomes 20 and the long side int(20 * long / short) (torchvision's rule).
+    short, long = min(width, height), max(width, height)
+    new_long = int(20 * long / short)
+    size = (20, new_long) if width < height else (new_long, 20)
+    resized = np.asarray(Image.fromarray(pixels).resize(size, resample))
+    top, left = round((resized.shape[0] - 16) / 2), round((resized.shape[1] - 16) / 2)
+    expected = torch.from_numpy(resized[top : top + 16, left : left + 16].copy()).permute(2, 0, 1)
+    assert torch.equal(image, expected)
+
+
+@pytest.mark.parametrize("mode", ["L", "RGBA", "P", "CMYK"])
+def test_any_pillow_mode_becomes_rgb(tmp_path: Path, mode: str) -> None:
+    path = tmp_path / ("x.jpg" if mode == "CMYK" else "x.png")
+    Image.new("RGB", (8, 8), (10, 200, 30)).convert(mode).save(path)
+    image = load_image(str(path), Preprocess(img_size=8, resize_size=8))
+    assert image.shape == (3, 8, 8)
+    if mode == "L":
+        assert torch.equal(image[0], image[1]) and torch.equal(image[1], image[2])
+
+
+def test_subset_is_class_balanced_seeded_and_ordered(tmp_path: Path) -> None:
+    labels = [0] * 30 + [1] * 30 + [2] * 4
+    write_images(tmp_path, "list", labels, size=(4, 4))
+    samples, _ = find_samples(tmp_path)
+    subset = select_subset(samples, 18, seed=7)
+    assert len(subset) == 18
+    assert Counter(s.label for s in subset) == {0: 7, 1: 7, 2: 4}  # class 2 gives all it has, others share the rest
+    order = [samples.index(s) for s in subset]
+    assert order == sorted(order)
+    assert select_subset(samples, 18, seed=7) == subset
+    assert select_subset(samples, 18, seed=8) != subset
+    assert select_subset(samples, 1000, seed=7) == samples
+
+
+def test_loader_yields_normalised_batches_in_order(list_data: Path) -> None:
+    cfg = GlobalConfig(data_dir=str(list_data), batch_size=8, img_size=16, resize_size=16, num_workers=0)
+    loader = build_eval_loader(cfg, CPU)
+    batches = list(loader)
+    assert len(loader) == 3 and [b[0].shape[0] for b in batches] == [8, 8, 4]
+    images, labels = batches[0]
+    assert images.dtype == torch.float32 and images.shape[1:] == (3, 16, 16)
+    assert labels.tolist() == [i % 10 for i in range(8)]
+    first = load_image(loader.samples[0].path, loader.preprocess)
+    assert torch.equal(images[0], normalize_batch(first.unsqueeze(0), loader.preprocess)[0])
+    assert loader.num_samples == 20 and loader.num_classes == 10
+
+
+def test_loader_with_workers_gives_the_same_batches(list_data: Path) -> None:
+    cfg = GlobalConfig(data_dir=str(list_data), batch_size=8, img_size=16, resize_size=16, num_workers=0)
+    serial = list(build_eval_loader(cfg, CPU))
+    cfg.num_workers = 2
+    parallel = list(build_eval_loader(cfg, CPU))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(serial, parallel, strict=True))
+
+
+def test_max_samples_limits_the_loader(list_data: Path) -> None:
+    cfg = GlobalConfig(data_dir=str(list_data), img_size=16, resize_size=16, num_workers=0, max_samples=10)
+    loader = build_eval_loader(cfg, CPU)
+    assert loader.num_samples == 10 and sorted(s.label for s in loader.samples) == list(range(10))
+    assert "subset of 10/20" in loader.layout
+
+
+def test_missing_data_dir(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"Global\.data_dir .*nowhere does not exist"):
+        find_samples(tmp_path / "nowhere")
+
+
+def test_no_layout_found_hints_at_class_folders(tmp_path: Path) -> None:
+    (tmp_path / "n01").mkdir()
+    with pytest.raises(DataError, match=r"neither val_list\.txt .*nor val/<class>/.*set data_dir to its parent"):
+        find_samples(tmp_path)
+
+
+def test_list_line_without_label_names_file_and_line(tmp_path: Path) -> None:
+    write_images(tmp_path, "list", [0, 1])
+    with (tmp_path / "val_list.txt").open("a") as handle:
+        handle.write("val/img_0000.png\n")
+    with pytest.raises(DataError, match=r"val_list\.txt line 3: 'val/img_0000\.png' has no label"):
+        find_samples(tmp_path)
+
+
+def test_non_integer_label(tmp_path: Path) -> None:
+    (tmp_path / "val_list.txt").write_text("a.png cat\n")
+    with pytest.raises(DataError, match=r"line 1: label 'cat' is not an integer"):
+        find_samples(tmp_path)
+
+
+def test_missing_image_names_file_and_line(tmp_path: Path) -> None:
+    write_images(tmp_path, "list", [0, 1, 2])
+    (tmp_path / "val" / "img_0001.png").unlink()
+    with pytest.raises(DataError, match=r"val_list\.txt line 2: image .*img_0001\.png does not exist"):
+        find_samples(tmp_path)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_corrupt_image_names_file_and_line(list_data: Path, workers: int) -> None:
+    (list_data / "val" / "img_0012.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
+    cfg = GlobalConfig(data_dir=str(list_data), batch_size=8, img_size=16, resize_size=16, num_workers=workers)
+    loader = build_eval_loader(cfg, CPU)
+    with pytest.raises(DataError, match=r"val_list\.txt line 13: image .*img_0012\.png cannot be decoded"):
+        list(loader)
+
+
+def test_label_out_of_range(list_data: Path) -> None:
+    samples, layout = find_samples(list_data)
+    loader = EvalLoader(samples, layout, Preprocess(16, 16), 8, 0, CPU)
+    loader.check_labels(10)
+    message = r"line 6: label 5 is outside the model's 5 classes \(valid labels are 0\.\.4, .*up to 9\)"
+    with pytest.raises(DataError, match=message):
+        loader.check_labels(5)
+
+
+@pytest.mark.parametrize("resize_size", [232, 256])
+def test_equals_torchvision_weights_eval_preset(tmp_path: Path, resize_size: int) -> None:
+    # torchvision's pretrained weights are evaluated with ImageClassification(crop 224, resize 232 or 256, bilinear).
+    from torchvision.transforms._presets import ImageClassification
+
+    rng = np.random.default_rng(2)
+    Image.fromarray(rng.integers(0, 256, (300, 410, 3), dtype=np.uint8)).save(tmp_path / "x.jpg", quality=90)
+    preset = ImageClassification(crop_size=224, resize_size=resize_size)
+    with Image.open(tmp_path / "x.jpg") as image:
+        expected = preset(image.convert("RGB"))
+    pre = Preprocess(img_size=224, resize_size=resize_size)
+    ours = normalize_batch(load_image(str(tmp_path / "x.jpg"), pre).unsqueeze(0), pre)[0]
+    assert torch.equal(ours, expected)
