@@ -26,6 +26,10 @@ class ModelError(UserError):
     """The model cannot be built or its weights cannot be loaded."""
 
 
+class AnalysisFileError(UserError):
+    """An analysis file (pickle, sidecar, ratios) is unreadable, unsafe, or belongs to another model or data."""
+
+
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
     """Return ``" (did you mean 'x'?)"`` for the closest candidate, or an empty string when none is close."""
     matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
