@@ -7,6 +7,7 @@ Exit codes: 0 success, 1 internal error (with traceback), 2 bad input (one sente
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
@@ -17,13 +18,18 @@ from analysis import __version__
 from analysis.config import Config, describe, load_config
 from analysis.data import build_eval_loader
 from analysis.device import resolve_device
+from analysis.engine import EngineSettings, format_metrics
 from analysis.errors import ConfigError, UserError
-from analysis.evaluate import EvalResult, evaluate
+from analysis.evaluate import evaluate
 from analysis.models import build_model, count_outputs
+from analysis.results import sidecar_path
+from analysis.sensitivity import AnalysisOutcome, run_analysis
+from analysis.summary import format_table
 
 logger = logging.getLogger("analysis")
 
 EXIT_OK, EXIT_USER_ERROR, EXIT_INTERRUPTED = 0, 2, 130
+EXAMPLE_BATCH = 32  # images used to trace the model and to check masking against physical pruning
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--pruned_ratios", nargs="+", metavar="R", help="ratios to evaluate, e.g. 0.1 0.2 0.3 (or 0.1,0.2,0.3)"
     )
     parser.add_argument("--target_loss", type=float, help="derive per-layer ratios keeping each loss under this")
+    parser.add_argument("--overwrite", action="store_true", help="replace the analysis file instead of resuming it")
     parser.add_argument("--quiet", action="store_true", help="only warnings, errors and the results")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -80,16 +87,54 @@ class _PlainFormatter(logging.Formatter):
         return message if record.levelno < logging.WARNING else f"{record.levelname.lower()}: {message}"
 
 
-def run_baseline(config: Config, progress: bool | None = None) -> EvalResult:
-    """Build model and data from ``config`` and evaluate the unpruned model."""
-    g = config.Global
+def run_job(config: Config, overwrite: bool = False, progress: bool | None = None) -> AnalysisOutcome:
+    """The main job: build model and data from ``config``, run the sensitivity analysis, derive ratios."""
+    g, s = config.Global, config.SensitivityAnalysis
     device = resolve_device(g.device)
     torch.manual_seed(g.seed)
     loader = build_eval_loader(g, device)
     logger.info("data: %s, %d images", loader.layout, loader.num_samples)
     model = build_model(g).to(device)
     loader.check_labels(count_outputs(model, g.img_size, device))
-    return evaluate(model, loader, progress=progress, desc="baseline")
+    example_input = next(iter(loader))[0][:EXAMPLE_BATCH]
+
+    def evaluate_model(candidate: torch.nn.Module) -> dict[str, float]:
+        result = evaluate(candidate, loader, progress=progress, desc="eval")
+        return {"top1": result.top1, "top5": result.top5, "ce": result.ce, "images": result.num_samples}
+
+    settings = EngineSettings(
+        ratios=s.pruned_ratios,
+        criterion=s.criterion,
+        group_reduction=s.group_reduction,
+        metric=s.metric,
+        metric_mode=s.metric_mode,
+        progress=progress,
+    )
+    assert s.analysis_file is not None
+    return run_analysis(
+        model,
+        evaluate_model,
+        example_input,
+        s.analysis_file,
+        settings,
+        prune_params=s.prune_params_name,
+        skip_params=s.skip_params,
+        target_loss=s.target_loss,
+        data_fingerprint=loader.fingerprint(),
+        config=dataclasses.asdict(config),
+        overwrite=overwrite,
+    )
+
+
+def print_outcome(outcome: AnalysisOutcome, config: Config) -> None:
+    """Print the result table and where the files went."""
+    s = config.SensitivityAnalysis
+    baseline = outcome.report.baseline
+    print(f"baseline: {format_metrics(baseline)} ({baseline.get('images', '?')} images)")
+    print(format_table(outcome, s.pruned_ratios, s.metric))
+    print(f"analysis file: {outcome.analysis_file} (+ {sidecar_path(outcome.analysis_file).name})")
+    if outcome.ratios_file is not None:
+        print(f"ratios (target_loss {s.target_loss:g}): {outcome.ratios_file}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -105,8 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         config = load_config(args.config_path, args.overrides, flags)
         logger.info(describe(config))
-        result = run_baseline(config, progress=False if args.quiet else None)
-        print(f"baseline: {result.summary()}")
+        outcome = run_job(config, overwrite=args.overwrite, progress=False if args.quiet else None)
+        print_outcome(outcome, config)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -30,6 +30,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 INTERPOLATIONS = ("bilinear", "bicubic", "lanczos")
 CRITERIA = ("l1_norm", "l2_norm", "geometry_median", "bn_scale")
 METRICS = ("top1", "top5", "ce")
+GROUP_REDUCTIONS = ("self", "mean")
+METRIC_MODES = ("relative", "absolute")
 RATIO_DECIMALS = 6
 
 # Blocks of PaddleSlim ACT compression configs. They configure training-time compression, which this tool does
@@ -89,6 +91,8 @@ class SensitivityConfig:
     prune_params_name: list[str] | None = None
     skip_params: list[str] = field(default_factory=list)
     metric: str = "top1"
+    metric_mode: str = "relative"
+    group_reduction: str = "self"
 
 
 @dataclass
@@ -157,11 +161,7 @@ def validate(config: Config) -> None:
             f"Global.resize_size ({g.resize_size}) is smaller than Global.img_size ({g.img_size}); the center crop "
             "would pad the image with black borders, so set resize_size >= img_size."
         )
-    if g.interpolation not in INTERPOLATIONS:
-        raise ConfigError(
-            f"Global.interpolation must be one of {', '.join(INTERPOLATIONS)}, got '{g.interpolation}'"
-            f"{did_you_mean(g.interpolation, INTERPOLATIONS)}."
-        )
+    check_choice("Global.interpolation", g.interpolation, INTERPOLATIONS)
     for key in ("mean", "std"):
         values = getattr(g, key)
         if len(values) != 3:
@@ -180,18 +180,17 @@ def validate(config: Config) -> None:
         raise ConfigError(
             f"SensitivityAnalysis.target_loss must be a relative loss between 0 and 1 (0.01 = 1%), got {s.target_loss}."
         )
-    if s.criterion not in CRITERIA:
-        raise ConfigError(
-            f"SensitivityAnalysis.criterion must be one of {', '.join(CRITERIA)}, got '{s.criterion}'"
-            f"{did_you_mean(s.criterion, CRITERIA)}."
-        )
-    if s.metric not in METRICS:
-        raise ConfigError(
-            f"SensitivityAnalysis.metric must be one of {', '.join(METRICS)}, got '{s.metric}'"
-            f"{did_you_mean(s.metric, METRICS)}."
-        )
+    check_choice("SensitivityAnalysis.criterion", s.criterion, CRITERIA)
+    for key, allowed in (("metric", METRICS), ("metric_mode", METRIC_MODES), ("group_reduction", GROUP_REDUCTIONS)):
+        check_choice(f"SensitivityAnalysis.{key}", getattr(s, key), allowed)
     if not s.analysis_file:
         raise ConfigError("SensitivityAnalysis.analysis_file must not be empty.")
+
+
+def check_choice(key: str, value: str, allowed: Sequence[str]) -> None:
+    """Raise a :class:`ConfigError` naming ``key`` when ``value`` is not one of ``allowed`` (with a suggestion)."""
+    if value not in allowed:
+        raise ConfigError(f"{key} must be one of {', '.join(allowed)}, got '{value}'{did_you_mean(value, allowed)}.")
 
 
 def normalise_ratios(ratios: Sequence[float], key: str) -> list[float]:

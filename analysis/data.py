@@ -12,6 +12,7 @@ reference scripts use for its pretrained weights, and uint8 batches keep host-to
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections import defaultdict
@@ -29,6 +30,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from analysis.config import GlobalConfig
 from analysis.errors import DataError
+from analysis.fingerprint import json_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -287,6 +289,14 @@ class EvalLoader:
             if images.dtype == torch.uint8:
                 images = normalize_batch(images, self.preprocess)
             yield images, labels.to(self.device, non_blocking=True)
+
+    def fingerprint(self) -> str:
+        """Identifies the evaluated images (paths relative to their list or folder, labels, order) and the
+        preprocessing, so that an analysis file is never resumed on other data."""
+        samples = [(s.path, s.label) for s in self.samples]
+        root = os.path.commonpath([s.path for s in self.samples]) if self.samples else ""
+        relative = [(os.path.relpath(path, root), label) for path, label in samples]
+        return json_fingerprint({"samples": relative, "preprocess": dataclasses.asdict(self.preprocess)})
 
     def check_labels(self, num_outputs: int) -> None:
         """Raise a :class:`DataError` naming the first label that the model's outputs cannot represent."""

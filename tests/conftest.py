@@ -105,5 +105,7 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
 
 
 @pytest.fixture(autouse=True)
-def _seed_torch() -> None:
+def _isolate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run every test in its own folder (so default output paths never land in the repository), seeded."""
+    monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 from collections.abc import Callable
@@ -12,6 +13,7 @@ import torch
 
 import analysis.cli
 from analysis.models import create_architecture
+from analysis.results import load_sidecar
 
 from conftest import REPO, TINY_MODELS, CliResult, tiny_global, write_config, write_images
 
@@ -19,7 +21,10 @@ Cli = Callable[..., CliResult]
 
 
 def config_file(tmp_path: Path, data_dir: Path, **extra: object) -> Path:
-    return write_config(tmp_path / "cfg.yaml", {"Global": tiny_global(data_dir, **extra)})
+    analysis = {"analysis_file": str(tmp_path / "out" / "s.pkl")}
+    return write_config(
+        tmp_path / "cfg.yaml", {"Global": tiny_global(data_dir, **extra), "SensitivityAnalysis": analysis}
+    )
 
 
 def assert_user_error(result: CliResult, pattern: str) -> None:
@@ -95,7 +100,11 @@ def with_global(**changes: object) -> Callable[[Path, Path], list[str]]:
                 block.pop(key, None)
             else:
                 block[key] = value(tmp_path) if callable(value) else value
-        return ["--config_path", str(write_config(tmp_path / "c.yaml", {"Global": block}))]
+        analysis = {"analysis_file": str(tmp_path / "out" / "s.pkl")}
+        return [
+            "--config_path",
+            str(write_config(tmp_path / "c.yaml", {"Global": block, "SensitivityAnalysis": analysis})),
+        ]
 
     return make
 
@@ -170,6 +179,7 @@ BAD_INPUTS = {
 def test_bad_input_exits_2_with_one_sentence(cli: Cli, tmp_path: Path, list_data: Path, case: str) -> None:
     make_argv, pattern = BAD_INPUTS[case]
     assert_user_error(cli(*make_argv(tmp_path, list_data)), pattern)
+    assert not (tmp_path / "out").exists()  # nothing written
 
 
 def test_imagefolder_layout_end_to_end(cli: Cli, tmp_path: Path) -> None:
@@ -205,3 +215,97 @@ def test_run_py_exits_2_without_traceback(tmp_path: Path) -> None:
         "YAML file with --config_path."
     )
     assert proc.stdout == ""
+
+
+ENGINE_MODELS = Path(__file__).resolve().parent / "engine_models.py"
+
+
+def analysis_config(tmp_path: Path, data: Path, arch: str, analysis: dict | None = None, **extra: object) -> Path:
+    block = tiny_global(data, arch=f"{ENGINE_MODELS}:{arch}", **extra)
+    section = {"analysis_file": str(tmp_path / "out" / "s.pkl"), "pruned_ratios": [0.5], **(analysis or {})}
+    return write_config(tmp_path / "a.yaml", {"Global": block, "SensitivityAnalysis": section})
+
+
+class Evil:
+    """Unpickling this would create a marker file: the restricted unpickler must refuse it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (Path.touch, (self.marker,))
+
+
+def existing_file(kind: str, tmp_path: Path) -> bytes:
+    path = tmp_path / "out" / "s.pkl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "garbage":
+        path.write_bytes(b"this is not a pickle\n")
+    elif kind == "code":
+        path.write_bytes(pickle.dumps({"features.0.weight": {0.5: Evil(tmp_path / "pwned")}}))
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("arch", "analysis", "existing", "pattern"),
+    [
+        ("slow_cnn", {"prune_params_name": ["features.3.weigth"]}, None,
+         r"prune_params_name: 'features\.3\.weigth' is not a conv weight .*did you mean 'features\.3\.weight'"),
+        ("depthwise_cnn", {"prune_params_name": ["3.weight"]}, None,
+         r"prune_params_name: '3\.weight' cannot be pruned: depthwise conv"),
+        ("slow_cnn", {"skip_params": ["features.9.weight"]}, None, r"skip_params: 'features\.9\.weight' is not a conv"),
+        ("slow_cnn", {}, "garbage", r"s\.pkl is not a pickle or is damaged"),
+        ("slow_cnn", {}, "code", r"s\.pkl holds code or unexpected types \(pathlib\.Path\.touch\)"),
+        ("constant_logits", {}, None, r"baseline top1 is 0, so a relative loss is undefined .*metric_mode: absolute"),
+    ],
+    ids=["unknown name", "not prunable", "unknown skip", "not a pickle", "holds code", "baseline 0"],
+)  # fmt: skip
+def test_bad_analysis_input_leaves_the_analysis_file_untouched(
+    cli: Cli, tmp_path: Path, list_data: Path, arch: str, analysis: dict, existing: str | None, pattern: str
+) -> None:
+    before = existing_file(existing, tmp_path) if existing else None
+    if arch == "constant_logits":  # every image is predicted as class 0; drop class-0 images so top1 is 0
+        lines = (list_data / "val_list.txt").read_text().splitlines()
+        (list_data / "val_list.txt").write_text("\n".join(x for x in lines if not x.endswith(" 0")) + "\n")
+    result = cli("--config_path", analysis_config(tmp_path, list_data, arch, analysis, arch_kwargs={}))
+    assert_user_error(result, pattern)
+    path = tmp_path / "out" / "s.pkl"
+    assert (path.read_bytes() == before) if before is not None else not path.exists()
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_nan_logits_are_refused(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    path = analysis_config(tmp_path, list_data, "constant_logits", arch_kwargs={"value": float("nan")})
+    assert_user_error(cli("--config_path", path), r"baseline model produced non-finite top1|non-finite .*ce")
+    assert not (tmp_path / "out" / "s.pkl").exists()
+
+
+def test_file_from_another_model_is_refused_and_kept(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    path = analysis_config(tmp_path, list_data, "slow_cnn", arch_kwargs={"delay": 0.0})
+    assert cli("--config_path", path, "--quiet").code == 0
+    before = (tmp_path / "out" / "s.pkl").read_bytes()
+    first_model = load_sidecar(tmp_path / "out" / "s.pkl")["fingerprint"]["model"]
+    result = cli("--config_path", path, "Global.seed=1")  # other random weights
+    assert_user_error(result, r"s\.pkl was computed with another model .*--overwrite")
+    assert (tmp_path / "out" / "s.pkl").read_bytes() == before
+    result = cli("--config_path", path, "SensitivityAnalysis.criterion=l2_norm")
+    assert_user_error(result, r"computed with criterion 'l1_norm' \(this run uses 'l2_norm'\)")
+    result = cli("--config_path", path, "Global.max_samples=10")
+    assert_user_error(result, r"computed with other data or preprocessing")
+    assert cli("--config_path", path, "Global.seed=1", "--overwrite", "--quiet").code == 0
+    assert load_sidecar(tmp_path / "out" / "s.pkl")["fingerprint"]["model"] != first_model
+
+
+def test_full_run_prints_the_table_and_writes_the_files(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    path = analysis_config(tmp_path, list_data, "depthwise_cnn", {"pruned_ratios": [0.25, 0.5], "target_loss": 0.5},
+                           arch_kwargs={})  # fmt: skip
+    result = cli("--config_path", path)
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    assert lines[0].startswith("baseline: top1=") and "(20 images)" in lines[0]
+    header = next(line for line in lines if line.startswith("param"))
+    assert header.split() == ["param", "shape", "group", "0.25", "0.5", "ratio"]
+    assert any(line.startswith("0.weight ") for line in lines) and any(line.startswith("6.weight ") for line in lines)
+    assert "  3.weight: depthwise conv" in result.out  # unprunable convs are listed with their reason
+    for suffix in ("", ".json", ".ratios.yaml"):
+        assert (tmp_path / "out" / f"s.pkl{suffix}").is_file()

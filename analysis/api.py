@@ -1,0 +1,118 @@
+"""Python API mirroring PaddleSlim's ``analysis_prune``, for models and data you already have in memory."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from analysis.config import CRITERIA, GROUP_REDUCTIONS, METRIC_MODES, METRICS, check_choice, normalise_ratios
+from analysis.engine import EngineSettings
+from analysis.errors import ConfigError
+from analysis.evaluate import evaluate
+from analysis.fingerprint import json_fingerprint
+from analysis.sensitivity import run_analysis
+
+logger = logging.getLogger(__name__)
+
+Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
+EvalFunction = Callable[[nn.Module], float]
+
+
+def analysis_prune(
+    model: nn.Module,
+    data: Batches | EvalFunction,
+    analysis_file: str | Path,
+    pruned_ratios: Sequence[float] = (0.1, 0.2, 0.3, 0.4),
+    target_loss: float | None = None,
+    criterion: str = "l1_norm",
+    prune_params: Sequence[str] | None = None,
+    metric: str = "top1",
+    example_input: torch.Tensor | None = None,
+    group_reduction: str = "self",
+    metric_mode: str = "relative",
+    overwrite: bool = False,
+    progress: bool | None = None,
+) -> dict[str, float]:
+    """Filter-pruning sensitivity of every prunable conv of ``model``; writes the same files as ``run.py``.
+
+    Args:
+        model: The classifier (put in eval mode; analysed on the device its parameters are on).
+        data: Either an iterable of ``(images, labels)`` batches (re-iterated for every variant, e.g. a
+            DataLoader or a list), or ``eval_function(model) -> float`` returning a score where higher is better.
+        analysis_file: The pickle to write; an existing one is resumed (same model, data and settings only).
+        pruned_ratios: Fractions of filters to remove, each strictly between 0 and 1.
+        target_loss: If given, derive per-layer ratios keeping each layer's relative loss under it.
+        criterion: ``l1_norm``, ``l2_norm``, ``geometry_median`` or ``bn_scale``.
+        prune_params: Conv weights to analyse (PyTorch parameter names); default all prunable ones.
+        metric: ``top1``, ``top5`` or ``ce`` for batches; ignored for an eval function (its score is used).
+        example_input: An input batch for tracing; required with an eval function, else the first batch is used.
+        group_reduction: ``self`` ranks channels on the conv alone (PaddleSlim); ``mean`` on its whole group.
+        metric_mode: ``relative`` loss (PaddleSlim) or ``absolute`` difference.
+        overwrite: Replace an existing analysis file instead of resuming it.
+        progress: Show progress bars (default: only on a terminal).
+
+    Returns:
+        ``{param name: ratio}`` derived with ``target_loss`` (PaddleSlim's rule), or ``{}`` without one.
+
+    Raises:
+        ConfigError: For invalid arguments (unknown criterion or metric, ratios outside (0, 1), unknown params).
+    """
+    ratios = normalise_ratios(pruned_ratios, "pruned_ratios")
+    check_choice("criterion", criterion, CRITERIA)
+    check_choice("group_reduction", group_reduction, GROUP_REDUCTIONS)
+    check_choice("metric_mode", metric_mode, METRIC_MODES)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    model.eval()
+    if callable(data):
+        if example_input is None:
+            raise ConfigError("example_input is required when data is an eval function (it is used for tracing).")
+        evaluate_model, metric, fingerprint = _function_evaluator(data), "score", None
+    else:
+        check_choice("metric", metric, METRICS)
+        batches = data
+
+        def evaluate_model(candidate: nn.Module) -> dict[str, float]:
+            result = evaluate(candidate, batches, device=device, progress=progress)
+            return {"top1": result.top1, "top5": result.top5, "ce": result.ce}
+
+        first_images, first_labels = next(iter(batches))
+        example_input = first_images if example_input is None else example_input
+        fingerprint = _batch_fingerprint(first_images, first_labels)
+    settings = EngineSettings(ratios, criterion, group_reduction, metric, metric_mode, progress)
+    outcome = run_analysis(
+        model,
+        evaluate_model,
+        example_input.to(device),
+        analysis_file,
+        settings,
+        prune_params=prune_params,
+        target_loss=target_loss,
+        data_fingerprint=fingerprint,
+        config={"api": "analysis_prune", "pruned_ratios": ratios, "criterion": criterion, "metric": metric},
+        overwrite=overwrite,
+        names_key="prune_params",
+        skip_key="skip_params",
+    )
+    return outcome.ratios
+
+
+def _function_evaluator(function: EvalFunction) -> Callable[[nn.Module], dict[str, float]]:
+    def evaluate_model(candidate: nn.Module) -> dict[str, float]:
+        with torch.inference_mode():
+            score = function(candidate)
+        return {"score": float(score)}
+
+    return evaluate_model
+
+
+def _batch_fingerprint(images: torch.Tensor, labels: torch.Tensor) -> str:
+    """Identify in-memory data by its first batch (cheap, and enough to catch resuming on other data)."""
+    return json_fingerprint(
+        {"images": hashlib.sha256(images.detach().cpu().contiguous().numpy().tobytes()).hexdigest(),
+         "labels": labels.tolist(), "shape": list(images.shape)}
+    )  # fmt: skip

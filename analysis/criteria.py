@@ -1,0 +1,69 @@
+"""Channel ranking criteria and the choice of which output channels to remove at a ratio.
+
+Scores are "importance": the lowest-scored channels are removed first. By default a conv is ranked on its own
+weight (PaddleSlim's behaviour); ``group_reduction: mean`` averages the scores of every conv (or BatchNorm, for
+``bn_scale``) whose output channels are in the group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+Criterion = Callable[[torch.Tensor], torch.Tensor]
+
+
+def l1_norm(weight: torch.Tensor) -> torch.Tensor:
+    """Sum of absolute values of each filter (PaddleSlim ``l1_norm``)."""
+    return weight.detach().flatten(1).abs().sum(dim=1)
+
+
+def l2_norm(weight: torch.Tensor) -> torch.Tensor:
+    """Euclidean norm of each filter."""
+    return weight.detach().flatten(1).norm(p=2, dim=1)
+
+
+def geometry_median(weight: torch.Tensor) -> torch.Tensor:
+    """FPGM: sum of Euclidean distances from each filter to all others. Filters near the geometric median (small
+    sums) are the most replaceable by the rest, so they are removed first."""
+    flat = weight.detach().flatten(1).double()
+    return torch.cdist(flat, flat, p=2).sum(dim=1).to(weight.dtype)
+
+
+def bn_scale(gamma: torch.Tensor) -> torch.Tensor:
+    """Absolute BatchNorm scale of each channel (network slimming); takes the BN weight, not the conv weight."""
+    return gamma.detach().abs()
+
+
+CRITERIA: dict[str, Criterion] = {
+    "l1_norm": l1_norm,
+    "l2_norm": l2_norm,
+    "geometry_median": geometry_median,
+    "bn_scale": bn_scale,
+}
+
+
+def channels_to_remove(channels: int, ratio: float) -> int:
+    """``min(C - 1, round(C * r))`` with Python's round (half to even): at least one channel always stays."""
+    return min(channels - 1, round(channels * ratio))
+
+
+def select_channels(scores: torch.Tensor, ratio: float, blocks: Sequence[Sequence[int]] = ()) -> list[int]:
+    """Pick the channels to remove at ``ratio``: the lowest-scored ones (ties: lower index first).
+
+    With ``blocks`` (the conv groups of a grouped conv in the group), the count is rounded down to a multiple of
+    the number of blocks and each block gives up the same number of its own lowest-scored channels.
+    """
+    count = channels_to_remove(len(scores), ratio)
+    scores = scores.detach().float().cpu()
+    if not blocks:
+        order = torch.argsort(scores, stable=True)
+        return sorted(order[:count].tolist())
+    per_block = count // len(blocks)
+    chosen: list[int] = []
+    for block in blocks:
+        block_scores = scores[list(block)]
+        order = torch.argsort(block_scores, stable=True)[:per_block]
+        chosen.extend(block[i] for i in order.tolist())
+    return sorted(chosen)

@@ -1,0 +1,299 @@
+"""The sensitivity loop (reference engine): for each prunable conv and ratio, remove channels, evaluate, record.
+
+One unit of work is one (param, ratio) variant: its channels are chosen with the criterion, removed from the
+whole coupled group (by masking, or on a physically pruned copy where masking is not exact), the model is
+evaluated, and ``loss = (baseline - metric) / baseline`` is saved before the next unit starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch_pruning as tp
+from torch import nn
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from analysis.criteria import CRITERIA, bn_scale, select_channels
+from analysis.errors import UserError
+from analysis.groups import PrunableParam, full_group, is_out_channel_item, removal_group
+from analysis.masking import masked
+from analysis.physical import pruned_copy
+from analysis.store import AnalysisStore
+
+logger = logging.getLogger(__name__)
+
+Metrics = dict[str, float]
+Evaluator = Callable[[nn.Module], Metrics]
+LOWER_IS_BETTER = {"ce"}
+
+
+@dataclass
+class EngineSettings:
+    """How variants are built and scored."""
+
+    ratios: Sequence[float]
+    criterion: str = "l1_norm"
+    group_reduction: str = "self"
+    metric: str = "top1"
+    metric_mode: str = "relative"
+    progress: bool | None = None
+
+
+@dataclass
+class EngineReport:
+    """What a run did: the baseline, evaluated units, and params that were skipped with their reasons."""
+
+    baseline: Metrics
+    evaluated: int = 0
+    skipped: dict[str, str] = field(default_factory=dict)
+    modes: dict[str, str] = field(default_factory=dict)
+
+
+def check_baseline(baseline: float, metric: str, mode: str = "relative") -> None:
+    """Refuse a baseline from which relative losses cannot be computed.
+
+    Raises:
+        UserError: If ``mode`` is relative and the baseline metric is 0.
+    """
+    if mode == "relative" and baseline == 0:
+        raise UserError(
+            f"The baseline {metric} is 0, so a relative loss is undefined (the model looks untrained or the labels "
+            "do not match it); check the model and data, or set SensitivityAnalysis.metric_mode: absolute."
+        )
+
+
+def relative_loss(baseline: float, value: float, metric: str, mode: str = "relative") -> float:
+    """Loss of ``value`` against ``baseline``: positive when pruning made the metric worse.
+
+    ``relative`` divides by the baseline (PaddleSlim's definition); ``absolute`` keeps the plain difference.
+    """
+    worse_by = value - baseline if metric in LOWER_IS_BETTER else baseline - value
+    if mode == "absolute":
+        return worse_by
+    check_baseline(baseline, metric, mode)
+    return worse_by / abs(baseline)
+
+
+def check_finite(metrics: Mapping[str, float], what: str) -> None:
+    """Refuse NaN/inf metrics, which would make every loss meaningless."""
+    bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        raise UserError(
+            f"The {what} produced non-finite {', '.join(bad)} (NaN/inf logits); check the model's weights and input "
+            "preprocessing (Global.mean/std) before analysing it."
+        )
+
+
+def channel_scores(
+    model: nn.Module, graph: tp.DependencyGraph, param: PrunableParam, settings: EngineSettings
+) -> torch.Tensor:
+    """Importance of each output channel of ``param`` (low = removed first).
+
+    ``group_reduction: self`` ranks on the conv's own weight (or its BatchNorm for ``bn_scale``); ``mean``
+    averages over every conv (or BatchNorm) whose output channels are in the group, mapped to the root's channels.
+    """
+    conv = model.get_submodule(param.module_name)
+    if settings.group_reduction == "self":
+        if settings.criterion == "bn_scale":
+            if param.bn_name is None:
+                raise ValueError(f"{param.name} has no BatchNorm after it")
+            return bn_scale(model.get_submodule(param.bn_name).weight)
+        return CRITERIA[settings.criterion](conv.weight)
+    total = torch.zeros(param.channels, dtype=torch.float64)
+    count = torch.zeros(param.channels, dtype=torch.float64)
+    for item in full_group(graph, conv):
+        module = item.dep.target.module
+        if not is_out_channel_item(graph, item):
+            continue
+        if settings.criterion == "bn_scale":
+            if not isinstance(module, nn.modules.batchnorm._BatchNorm) or module.weight is None:
+                continue
+            scores = bn_scale(module.weight)
+        elif isinstance(module, nn.Conv2d):
+            scores = CRITERIA[settings.criterion](module.weight)
+        else:
+            continue
+        local = torch.tensor(list(item.idxs))
+        root = torch.tensor(list(item.root_idxs))
+        total.index_add_(0, root, scores.double().cpu()[local])
+        count.index_add_(0, root, torch.ones(len(root), dtype=torch.float64))
+    if not bool((count > 0).all()):
+        raise ValueError(f"{param.name}: some channels have no {settings.criterion} score in the group")
+    return (total / count).float()
+
+
+class SensitivityEngine:
+    """Runs the (param, ratio) units of one analysis, resuming from and saving to an :class:`AnalysisStore`.
+
+    Args:
+        model: The model, in eval mode on its device.
+        evaluate: Returns the metrics of a model (keys include ``settings.metric``).
+        example_input: A batch used to trace dependencies (one sample is used) and to check masking against
+            physical pruning (the whole batch is used).
+        graph: The dependency graph of ``model``.
+        settings: Ratios, criterion, metric.
+        store: Where results go.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        evaluate: Evaluator,
+        example_input: torch.Tensor,
+        graph: tp.DependencyGraph,
+        settings: EngineSettings,
+        store: AnalysisStore,
+    ) -> None:
+        self.model = model
+        self.evaluate = evaluate
+        self.example_input = example_input
+        self.graph = graph
+        self.settings = settings
+        self.store = store
+        self.device = example_input.device
+
+    def run(self, params: Sequence[PrunableParam]) -> EngineReport:
+        """Evaluate every missing (param, ratio) of ``params``; return what was done."""
+        baseline = self._baseline()
+        report = EngineReport(baseline=baseline)
+        pending = {p.name: [r for r in self.settings.ratios if not self.store.has(p.name, r)] for p in params}
+        total = sum(len(v) for v in pending.values())
+        if total == 0:
+            logger.info("Nothing to evaluate: every (param, ratio) is already in %s.", self.store.path)
+            return report
+        logger.info("Evaluating %d variant(s) of %d conv weight(s).", total, sum(bool(v) for v in pending.values()))
+        disable = self._progress_disabled()
+        with (
+            logging_redirect_tqdm(loggers=[logging.getLogger("analysis")]),
+            tqdm(total=total, desc="sensitivity", unit="variant", disable=disable, dynamic_ncols=True) as bar,
+        ):
+            for param in params:
+                ratios = [r for r in pending[param.name] if not self.store.has(param.name, r)]
+                if ratios:
+                    self._run_param(param, ratios, baseline, report, bar)
+                bar.update(len(pending[param.name]) - len(ratios))  # units filled in by a coupled param
+        return report
+
+    def _progress_disabled(self) -> bool:
+        return not sys.stderr.isatty() if self.settings.progress is None else not self.settings.progress
+
+    def _baseline(self) -> Metrics:
+        stored = self.store.baseline
+        if stored is not None and self.settings.metric in stored:
+            logger.info("Baseline (stored): %s", format_metrics(stored))
+            return dict(stored)
+        start = time.perf_counter()
+        metrics = self.evaluate(self.model)
+        check_finite(metrics, "baseline model")
+        check_baseline(metrics[self.settings.metric], self.settings.metric, self.settings.metric_mode)
+        metrics = {**metrics, "seconds": round(time.perf_counter() - start, 3)}
+        self.store.set_baseline(metrics)
+        logger.info("Baseline: %s", format_metrics(metrics))
+        return metrics
+
+    def _run_param(
+        self, param: PrunableParam, ratios: Sequence[float], baseline: Metrics, report: EngineReport, bar: tqdm
+    ) -> None:
+        conv = self.model.get_submodule(param.module_name)
+        try:
+            scores = channel_scores(self.model, self.graph, param, self.settings)
+        except ValueError as error:
+            self._skip(param, f"criterion {self.settings.criterion} not applicable: {error}", report, bar, ratios)
+            return
+        removal = {r: select_channels(scores, r, param.conv_blocks) for r in ratios}
+        if not any(removal.values()):
+            blocks = f" in {len(param.conv_blocks)} conv groups" if param.conv_blocks else ""
+            self._skip(param, f"no ratio removes a channel ({param.channels} channels{blocks})", report, bar, ratios)
+            return
+        mode, difference = self._choose_mode(param, max(removal.values(), key=len))
+        if mode is None:
+            self._skip(param, f"physical pruning failed ({difference})", report, bar, ratios)
+            return
+        report.modes[param.name] = mode
+        self.store.describe_param(param.name, {
+            "module": param.module_name, "shape": list(param.shape), "group": param.members,
+            "coupled_params": param.coupled_params, "conv_groups": len(param.conv_blocks) or 1, "mode": mode,
+            "mask_vs_physical_max_abs_diff": difference,
+        })  # fmt: skip
+        names = self._sharing(param)
+        for ratio in ratios:
+            if self.store.has(param.name, ratio):
+                continue
+            channels = removal[ratio]
+            start = time.perf_counter()
+            metrics = self._evaluate_variant(param, conv, channels, mode)
+            check_finite(metrics, f"variant {param.name} at ratio {ratio}")
+            loss = relative_loss(
+                baseline[self.settings.metric], metrics[self.settings.metric], self.settings.metric,
+                self.settings.metric_mode,
+            )  # fmt: skip
+            seconds = time.perf_counter() - start
+            details = {**metrics, "channels_removed": len(channels), "channels": param.channels, "mode": mode,
+                       "seconds": round(seconds, 3)}  # fmt: skip
+            recorded = [n for n in names if not self.store.has(n, ratio)]
+            self.store.record(recorded, ratio, loss, details)
+            report.evaluated += 1
+            bar.update(1)
+            logger.info(
+                "%s @ %g: removed %d/%d channels%s, %s=%.4f, loss=%+.4f (%.1f s)",
+                param.name, ratio, len(channels), param.channels, " (physical)" if mode == "physical" else "",
+                self.settings.metric, metrics[self.settings.metric], loss, seconds,
+            )  # fmt: skip
+
+    def _sharing(self, param: PrunableParam) -> list[str]:
+        """Names recorded with this param's evaluation: with ``group_reduction: mean`` every coupled param in the
+        analysis removes the same channels, so one evaluation serves them all."""
+        if self.settings.group_reduction != "mean":
+            return [param.name]
+        return [param.name, *[n for n in param.coupled_params if n in self.store.model_order]]
+
+    def _evaluate_variant(self, param: PrunableParam, conv: nn.Module, channels: Sequence[int], mode: str) -> Metrics:
+        if not channels:
+            return {k: v for k, v in self._baseline().items() if k != "seconds"}
+        if mode == "mask":
+            with masked(self.graph, removal_group(self.graph, conv, channels)):
+                return self.evaluate(self.model)
+        copy = pruned_copy(self.model, param.module_name, channels, self.example_input).to(self.device)
+        return self.evaluate(copy)
+
+    def _choose_mode(self, param: PrunableParam, channels: Sequence[int]) -> tuple[str | None, float | str]:
+        """Compare masked and physically pruned logits on the example batch; masking is used only when equal."""
+        conv = self.model.get_submodule(param.module_name)
+        try:
+            copy = pruned_copy(self.model, param.module_name, channels, self.example_input).to(self.device)
+            with torch.inference_mode():
+                physical = copy(self.example_input).float()
+        except (RuntimeError, ValueError, IndexError) as error:
+            return None, str(error).splitlines()[0][:200]
+        with masked(self.graph, removal_group(self.graph, conv, channels)), torch.inference_mode():
+            masked_logits = self.model(self.example_input).float()
+        difference = float((masked_logits - physical).abs().max())
+        tolerance = 1e-4 * max(1.0, float(physical.abs().max()))
+        if difference <= tolerance:
+            return "mask", difference
+        logger.info(
+            "%s: masking differs from physical pruning by %.3g (channel-normalising layer or f(0) != 0 in its "
+            "group); evaluating it on physically pruned copies.", param.name, difference,
+        )  # fmt: skip
+        return "physical", difference
+
+    def _skip(
+        self, param: PrunableParam, reason: str, report: EngineReport, bar: tqdm, ratios: Sequence[float]
+    ) -> None:
+        logger.warning("%s is not analysed: %s.", param.name, reason)
+        report.skipped[param.name] = reason
+        self.store.mark_unprunable(param.name, reason)
+        bar.update(len(ratios))
+
+
+def format_metrics(metrics: Mapping[str, Any]) -> str:
+    """``top1=0.9867 top5=1.0000 ce=0.0934`` (the metrics present, in that order)."""
+    return " ".join(f"{k}={metrics[k]:.4f}" for k in ("top1", "top5", "ce", "score") if k in metrics)

@@ -1,0 +1,296 @@
+"""Prunable conv weights and their coupled channel groups, built on Torch-Pruning's ``DependencyGraph``.
+
+A conv weight P (``nn.Conv2d`` with ``groups == 1``) is prunable when removing its output channels does not
+change the model's outputs' shape. Its group is every tensor slice that must go with those channels: P's bias,
+the following BatchNorm, depthwise convs carrying the channel, consumers' input slices, and every producer joined
+to it by a residual add or multiply. Depthwise and grouped convs are never roots themselves; they are pruned as
+members of a root's group. Grouped convs in a group allow removing channels only evenly across their conv groups.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch_pruning as tp
+from torch import nn
+from torch_pruning import ops
+
+from analysis.errors import ConfigError, did_you_mean
+
+logger = logging.getLogger(__name__)
+
+# Op types that carry channels through without parameters of their own.
+PASS_THROUGH = {
+    ops.OPTYPE.ELEMENTWISE,
+    ops.OPTYPE.CONCAT,
+    ops.OPTYPE.SPLIT,
+    ops.OPTYPE.RESHAPE,
+    ops.OPTYPE.UNBIND,
+    ops.OPTYPE.EXPAND,
+    ops.OPTYPE.SLICE,
+    ops.OPTYPE.OUTPUT,
+}
+# Layer types whose channel slices we know how to mask and to remove.
+SUPPORTED_MEMBERS = (nn.Conv2d, nn.Linear, nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm, nn.PReLU)
+
+
+@dataclass
+class PrunableParam:
+    """One conv weight, whether it can be pruned (``reason`` is None) and what its removal takes with it.
+
+    Attributes:
+        name: Parameter name, e.g. ``layer1.0.conv1.weight``.
+        module_name: Name of the conv module.
+        shape: Weight shape.
+        reason: Why the conv cannot be a pruning root, or None.
+        members: Human-readable group members (``module (role)``), root first.
+        coupled_params: Other prunable conv weights whose output channels are in the same group.
+        conv_blocks: For groups with grouped convs: the root channels of each conv group (equal removal per
+            block is required); empty otherwise.
+        bn_name: The BatchNorm directly after the conv, if any (for the ``bn_scale`` criterion).
+    """
+
+    name: str
+    module_name: str
+    shape: tuple[int, ...]
+    reason: str | None = None
+    members: list[str] = field(default_factory=list)
+    coupled_params: list[str] = field(default_factory=list)
+    conv_blocks: list[list[int]] = field(default_factory=list)
+    bn_name: str | None = None
+
+    @property
+    def channels(self) -> int:
+        """Number of output channels (filters)."""
+        return self.shape[0]
+
+    @property
+    def prunable(self) -> bool:
+        """True when the conv can be pruned as a root."""
+        return self.reason is None
+
+
+@contextmanager
+def all_parameters_require_grad(model: nn.Module) -> Iterator[None]:
+    """Temporarily make every parameter require grad: Torch-Pruning traces the autograd graph, which only sees
+    parameters that require grad. The original flags are restored afterwards, also on error."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for param, _ in flags:
+            param.requires_grad_(True)
+        yield
+    finally:
+        for param, flag in flags:
+            param.requires_grad_(flag)
+
+
+def build_dependency_graph(model: nn.Module, example_input: torch.Tensor) -> tp.DependencyGraph:
+    """Trace ``model`` on ``example_input`` (one sample is enough) into a Torch-Pruning dependency graph."""
+    example = example_input[:1].detach().clone()
+    with all_parameters_require_grad(model), torch.enable_grad():
+        return tp.DependencyGraph().build_dependency(model, example_inputs=example, verbose=False)
+
+
+def conv_execution_order(model: nn.Module, example_input: torch.Tensor) -> list[str]:
+    """Names of the ``nn.Conv2d`` modules in the order the forward pass first calls them."""
+    names = {module: name for name, module in model.named_modules()}
+    order: list[str] = []
+
+    def record(module: nn.Module, *_: object) -> None:
+        name = names[module]
+        if name not in order:
+            order.append(name)
+
+    hooks = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, nn.Conv2d)]
+    try:
+        with torch.inference_mode():
+            model(example_input[:1])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return order
+
+
+def output_modules(graph: tp.DependencyGraph) -> set[nn.Module]:
+    """The layers that produce the model's outputs (found by walking back from the graph's sinks through ops)."""
+    found: set[nn.Module] = set()
+    stack = [node for node in graph.module2node.values() if not node.outputs]
+    seen = set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node.type in PASS_THROUGH:
+            stack.extend(node.inputs)
+        else:
+            found.add(node.module)
+    return found
+
+
+def full_group(graph: tp.DependencyGraph, conv: nn.Conv2d) -> tp.dependency.Group:
+    """The group of ``conv``'s output channels, with every channel index (for inspection and ranking)."""
+    return graph.get_pruning_group(conv, tp.prune_conv_out_channels, list(range(conv.out_channels)))
+
+
+def removal_group(graph: tp.DependencyGraph, conv: nn.Conv2d, channels: Sequence[int]) -> tp.dependency.Group:
+    """The group that removing ``channels`` of ``conv``'s outputs requires."""
+    return graph.get_pruning_group(conv, tp.prune_conv_out_channels, sorted(int(c) for c in channels))
+
+
+def is_out_channel_item(graph: tp.DependencyGraph, item: Any) -> bool:
+    """True when the group item removes output channels (rather than input slices) of its layer."""
+    return graph.is_out_channel_pruning_fn(item.dep.handler)
+
+
+def is_grouped_conv(module: nn.Module) -> bool:
+    """True for convs with 1 < groups < channels (ResNeXt/RegNet style), which need even removal per conv group."""
+    return isinstance(module, nn.Conv2d) and module.groups > 1 and not is_depthwise(module)
+
+
+def is_depthwise(module: nn.Module) -> bool:
+    """True for depthwise convs (one filter per input channel)."""
+    return isinstance(module, nn.Conv2d) and module.groups > 1 and module.groups == module.in_channels
+
+
+def find_prunable(model: nn.Module, example_input: torch.Tensor) -> list[PrunableParam]:
+    """List every ``nn.Conv2d`` weight in forward order, with its group, or the reason it is not prunable."""
+    graph = build_dependency_graph(model, example_input)
+    return describe_convs(model, graph, conv_execution_order(model, example_input))
+
+
+def describe_convs(model: nn.Module, graph: tp.DependencyGraph, order: Sequence[str]) -> list[PrunableParam]:
+    """Build a :class:`PrunableParam` for each conv in ``order`` (plus convs never run, at the end)."""
+    modules = dict(model.named_modules())
+    names: dict[object, str] = {module: name for name, module in modules.items()}
+    names.update({param: name for name, param in model.named_parameters()})
+    unused = [n for n, m in modules.items() if isinstance(m, nn.Conv2d) and n not in order]
+    outputs = output_modules(graph)
+    params = [_describe(name, modules[name], graph, names, outputs) for name in order]
+    params += [PrunableParam(f"{n}.weight", n, tuple(modules[n].weight.shape), "not used by the forward pass")
+               for n in unused]  # fmt: skip
+    prunable = {p.module_name for p in params if p.prunable}
+    for param in params:
+        if param.prunable:
+            group = full_group(graph, modules[param.module_name])
+            param.coupled_params = [
+                f"{names[item.dep.target.module]}.weight"
+                for item in group
+                if is_out_channel_item(graph, item)
+                and names.get(item.dep.target.module) in prunable
+                and names[item.dep.target.module] != param.module_name
+            ]
+    return params
+
+
+def _describe(
+    name: str, conv: nn.Conv2d, graph: tp.DependencyGraph, names: dict[object, str], outputs: set[nn.Module]
+) -> PrunableParam:
+    param = PrunableParam(f"{name}.weight", name, tuple(conv.weight.shape))
+    if is_depthwise(conv):
+        param.reason = "depthwise conv: pruned together with the conv that produces its input channels"
+    elif conv.groups > 1:
+        param.reason = f"grouped conv (groups={conv.groups}): pruned only as a member of another conv's group"
+    elif conv.out_channels < 2:
+        param.reason = "has a single output channel"
+    elif conv not in graph.module2node:
+        param.reason = "not reached by dependency tracing"
+    if param.reason:
+        return param
+    group = full_group(graph, conv)
+    for item in group:
+        module = item.dep.target.module
+        out_item = is_out_channel_item(graph, item)
+        if out_item and module in outputs:
+            param.reason = f"coupled to the model output ({names.get(module, type(module).__name__)})"
+            return param
+        if not isinstance(module, (*SUPPORTED_MEMBERS, nn.Parameter)) and graph.module2node[module].type not in (
+            PASS_THROUGH
+        ):
+            param.reason = f"its group contains an unsupported layer ({type(module).__name__})"
+            return param
+        if module in names and module is not conv:
+            role = "out" if out_item else "in"
+            param.members.append(f"{names[module]} ({type(module).__name__}, {role})")
+        if (
+            isinstance(module, nn.modules.batchnorm._BatchNorm)
+            and param.bn_name is None
+            and graph.module2node[conv] in graph.module2node[module].inputs
+        ):
+            param.bn_name = names[module]
+    param.members.insert(0, f"{name} (Conv2d, out)")
+    blocks, problem = _conv_blocks(graph, group, conv.out_channels)
+    if problem:
+        param.reason = problem
+    param.conv_blocks = blocks
+    return param
+
+
+def _conv_blocks(graph: tp.DependencyGraph, group: tp.dependency.Group, channels: int) -> tuple[list[list[int]], str]:
+    """Partition the root channels by the conv groups of grouped-conv members (they need equal removal per block).
+
+    Returns the blocks (empty when no grouped conv is involved) and a reason string when the constraint cannot be
+    expressed on the root's channels.
+    """
+    partition: tuple[int, ...] | None = None
+    for item in group:
+        module = item.dep.target.module
+        if not is_grouped_conv(module):
+            continue
+        size = module.out_channels if is_out_channel_item(graph, item) else module.in_channels
+        block = size // module.groups
+        local, root = list(item.idxs), list(item.root_idxs)
+        if len(set(local)) != size or sorted(root) != list(range(channels)):
+            return [], f"its channels reach a grouped conv ({module.groups} groups) through a concat or split"
+        key_of = dict(zip(root, (i // block for i in local), strict=True))
+        key = tuple(key_of[r] for r in range(channels))
+        if partition is not None and key != partition:
+            return [], "it feeds grouped convs whose conv groups disagree"
+        partition = key
+    if partition is None:
+        return [], ""
+    blocks: dict[int, list[int]] = {}
+    for channel, block_id in enumerate(partition):
+        blocks.setdefault(block_id, []).append(channel)
+    return [blocks[k] for k in sorted(blocks)], ""
+
+
+def select_params(
+    params: Sequence[PrunableParam],
+    names: Sequence[str] | None,
+    skip: Sequence[str] = (),
+    key: str = "SensitivityAnalysis.prune_params_name",
+    skip_key: str = "SensitivityAnalysis.skip_params",
+) -> list[PrunableParam]:
+    """The params to analyse, in model order: ``names`` (all prunable ones when None) minus ``skip``.
+
+    Names may be parameter names (``layer1.0.conv1.weight``) or module names (``layer1.0.conv1``).
+
+    Raises:
+        ConfigError: For a name that is not a conv weight of the model (with the closest match) or that cannot be
+            pruned (with the reason).
+    """
+    by_name = {p.name: p for p in params}
+
+    def resolve(name: str, which: str) -> PrunableParam:
+        found = by_name.get(name) or by_name.get(f"{name}.weight")
+        if found is None:
+            raise ConfigError(
+                f"{which}: '{name}' is not a conv weight of this model{did_you_mean(name, by_name)}; "
+                "names look like layer1.0.conv1.weight."
+            )
+        return found
+
+    skipped = {resolve(n, skip_key).name for n in skip}
+    if names is None:
+        return [p for p in params if p.prunable and p.name not in skipped]
+    chosen = {resolve(n, key).name for n in names}
+    for name in chosen:
+        if not by_name[name].prunable:
+            raise ConfigError(f"{key}: '{name}' cannot be pruned: {by_name[name].reason}.")
+    return [p for p in params if p.name in chosen and p.name not in skipped]

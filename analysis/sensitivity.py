@@ -1,0 +1,122 @@
+"""One whole analysis: find the prunable convs, resume the analysis file, run the engine, derive ratios.
+
+Shared by the command line (:mod:`analysis.cli`) and the Python API (:func:`analysis.api.analysis_prune`), so both
+write the same files: the pickle, its JSON sidecar and, with a ``target_loss``, the ratios YAML.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from analysis.engine import EngineReport, EngineSettings, Evaluator, SensitivityEngine
+from analysis.fingerprint import model_fingerprint
+from analysis.groups import PrunableParam, build_dependency_graph, conv_execution_order, describe_convs, select_params
+from analysis.ratios import explain_target_loss, get_ratios_by_loss, save_ratios_yaml
+from analysis.results import Sensitivities, ratios_path
+from analysis.store import AnalysisStore, Fingerprint
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AnalysisOutcome:
+    """Everything a caller may want to show after a run."""
+
+    analysis_file: Path
+    sensitivities: Sensitivities
+    params: list[PrunableParam]
+    analysed: list[PrunableParam]
+    report: EngineReport
+    ratios: dict[str, float] = field(default_factory=dict)
+    ratios_file: Path | None = None
+
+    @property
+    def unprunable(self) -> dict[str, str]:
+        """Conv weights that were not analysed, with the reason (structural or found while running)."""
+        reasons = {p.name: p.reason for p in self.params if p.reason}
+        reasons.update(self.report.skipped)
+        return reasons  # type: ignore[return-value]
+
+
+def run_analysis(
+    model: nn.Module,
+    evaluate: Evaluator,
+    example_input: torch.Tensor,
+    analysis_file: str | Path,
+    settings: EngineSettings,
+    prune_params: Sequence[str] | None = None,
+    skip_params: Sequence[str] = (),
+    target_loss: float | None = None,
+    data_fingerprint: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    names_key: str = "SensitivityAnalysis.prune_params_name",
+    skip_key: str = "SensitivityAnalysis.skip_params",
+) -> AnalysisOutcome:
+    """Analyse ``model`` and write the analysis file (resuming it), its sidecar and, with ``target_loss``, ratios.
+
+    Args:
+        model: The model in eval mode, on the device of ``example_input``.
+        evaluate: Returns the metrics of a model, including ``settings.metric``.
+        example_input: An input batch for tracing and for checking masking against physical pruning.
+        analysis_file: The pickle to resume and write.
+        settings: Ratios, criterion, metric and how losses are computed.
+        prune_params: Conv weights to analyse (default: every prunable one).
+        skip_params: Conv weights to leave out.
+        target_loss: Derive per-layer ratios keeping each layer's loss under this.
+        data_fingerprint: Identifies the evaluation data and preprocessing (None when unknown, e.g. a callable).
+        config: The resolved configuration, stored in the sidecar.
+        overwrite: Replace an existing analysis file instead of resuming it.
+        names_key: How to name ``prune_params`` in error messages.
+        skip_key: How to name ``skip_params`` in error messages.
+    """
+    graph = build_dependency_graph(model, example_input)
+    params = describe_convs(model, graph, conv_execution_order(model, example_input))
+    analysed = select_params(params, prune_params, skip_params, key=names_key, skip_key=skip_key)
+    fingerprint = Fingerprint(
+        model=model_fingerprint(model),
+        data=data_fingerprint,
+        settings={
+            "criterion": settings.criterion,
+            "group_reduction": settings.group_reduction,
+            "metric": settings.metric,
+            "metric_mode": settings.metric_mode,
+        },
+    )
+    store = AnalysisStore(analysis_file, fingerprint, [p.name for p in params], overwrite=overwrite, config=config)
+    for param in params:
+        if param.reason:
+            store.mark_unprunable(param.name, param.reason)
+    logger.info(
+        "%d conv weight(s): %d prunable, %d analysed; ratios %s; criterion %s.",
+        len(params),
+        sum(p.prunable for p in params),
+        len(analysed),
+        ", ".join(f"{r:g}" for r in settings.ratios),
+        settings.criterion,
+    )
+    engine = SensitivityEngine(model, evaluate, example_input, graph, settings, store)
+    report = engine.run(analysed)
+    if report.evaluated or store.sensitivities:
+        store.save()
+    outcome = AnalysisOutcome(Path(analysis_file), store.ordered(), params, analysed, report)
+    if target_loss is not None:
+        derive_ratios(outcome, target_loss, settings.criterion)
+    return outcome
+
+
+def derive_ratios(outcome: AnalysisOutcome, target_loss: float, criterion: str) -> None:
+    """Apply PaddleSlim's per-layer rule to the analysed params and save the ``ChannelPrune`` YAML."""
+    wanted = {p.name for p in outcome.analysed}
+    curves = {name: curve for name, curve in outcome.sensitivities.items() if name in wanted}
+    outcome.ratios = get_ratios_by_loss(curves, target_loss)
+    outcome.ratios_file = ratios_path(outcome.analysis_file)
+    save_ratios_yaml(outcome.ratios_file, outcome.ratios, [p.name for p in outcome.params], criterion, target_loss)
+    logger.info(explain_target_loss(target_loss))
