@@ -41,7 +41,8 @@ def analysis_prune(
     """Filter-pruning sensitivity of every prunable conv of ``model``; writes the same files as ``run.py``.
 
     Args:
-        model: The classifier (put in eval mode; analysed on the device its parameters are on).
+        model: The classifier, analysed in eval mode on the device its parameters are on; its weights and its
+            modules' training flags are as before afterwards.
         data: Either an iterable of ``(images, labels)`` batches (re-iterated for every variant, e.g. a
             DataLoader or a list), or ``eval_function(model) -> float`` returning a score where higher is better.
         analysis_file: The pickle to write; an existing one is resumed (same model, data and settings only).
@@ -67,7 +68,6 @@ def analysis_prune(
     check_choice("group_reduction", group_reduction, GROUP_REDUCTIONS)
     check_choice("metric_mode", metric_mode, METRIC_MODES)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    model.eval()
     if callable(data):
         if example_input is None:
             raise ConfigError("example_input is required when data is an eval function (it is used for tracing).")

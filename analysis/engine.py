@@ -229,7 +229,7 @@ class SensitivityEngine:
                 continue
             channels = removal[ratio]
             start = time.perf_counter()
-            metrics = self._evaluate_variant(param, conv, channels, mode)
+            metrics = self._evaluate_variant(param, conv, channels, mode) if channels else _metrics_only(baseline)
             check_finite(metrics, f"variant {param.name} at ratio {ratio}")
             loss = relative_loss(
                 baseline[self.settings.metric], metrics[self.settings.metric], self.settings.metric,
@@ -256,8 +256,6 @@ class SensitivityEngine:
         return [param.name, *[n for n in param.coupled_params if n in self.store.model_order]]
 
     def _evaluate_variant(self, param: PrunableParam, conv: nn.Module, channels: Sequence[int], mode: str) -> Metrics:
-        if not channels:
-            return {k: v for k, v in self._baseline().items() if k != "seconds"}
         if mode == "mask":
             with masked(self.graph, removal_group(self.graph, conv, channels)):
                 return self.evaluate(self.model)
@@ -271,8 +269,9 @@ class SensitivityEngine:
             copy = pruned_copy(self.model, param.module_name, channels, self.example_input).to(self.device)
             with torch.inference_mode():
                 physical = copy(self.example_input).float()
-        except (RuntimeError, ValueError, IndexError) as error:
-            return None, str(error).splitlines()[0][:200]
+        except Exception as error:  # Torch-Pruning cannot remove these channels: report it, do not guess
+            logger.debug("Physical pruning of %s failed", param.name, exc_info=True)
+            return None, f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
         with masked(self.graph, removal_group(self.graph, conv, channels)), torch.inference_mode():
             masked_logits = self.model(self.example_input).float()
         difference = float((masked_logits - physical).abs().max())
@@ -292,6 +291,11 @@ class SensitivityEngine:
         report.skipped[param.name] = reason
         self.store.mark_unprunable(param.name, reason)
         bar.update(len(ratios))
+
+
+def _metrics_only(metrics: Metrics) -> Metrics:
+    """The metrics of an unchanged model (a ratio that removes no channel): the baseline without its timing."""
+    return {k: v for k, v in metrics.items() if k != "seconds"}
 
 
 def format_metrics(metrics: Mapping[str, Any]) -> str:

@@ -154,14 +154,34 @@ def is_grouped_conv(module: nn.Module) -> bool:
 
 
 def is_depthwise(module: nn.Module) -> bool:
-    """True for depthwise convs (one filter per input channel)."""
-    return isinstance(module, nn.Conv2d) and module.groups > 1 and module.groups == module.in_channels
+    """True for depthwise convs: one filter per channel, so input and output channels correspond one to one.
+
+    A depthwise conv with a channel multiplier (``Conv2d(8, 16, groups=8)``) is a grouped conv here."""
+    return (
+        isinstance(module, nn.Conv2d)
+        and module.groups > 1
+        and module.groups == module.in_channels == module.out_channels
+    )
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Put every module in eval mode for the block (BatchNorm statistics stay untouched, dropout is off), then
+    restore each module's own ``training`` flag; Torch-Pruning's tracing would otherwise leave the model in eval."""
+    flags = [(module, module.training) for module in model.modules()]
+    try:
+        model.eval()
+        yield
+    finally:
+        for module, flag in flags:
+            module.training = flag
 
 
 def find_prunable(model: nn.Module, example_input: torch.Tensor) -> list[PrunableParam]:
     """List every ``nn.Conv2d`` weight in forward order, with its group, or the reason it is not prunable."""
-    graph = build_dependency_graph(model, example_input)
-    return describe_convs(model, graph, conv_execution_order(model, example_input))
+    with eval_mode(model):
+        graph = build_dependency_graph(model, example_input)
+        return describe_convs(model, graph, conv_execution_order(model, example_input))
 
 
 def describe_convs(model: nn.Module, graph: tp.DependencyGraph, order: Sequence[str]) -> list[PrunableParam]:

@@ -17,7 +17,14 @@ from torch import nn
 
 from analysis.engine import EngineReport, EngineSettings, Evaluator, SensitivityEngine
 from analysis.fingerprint import model_fingerprint
-from analysis.groups import PrunableParam, build_dependency_graph, conv_execution_order, describe_convs, select_params
+from analysis.groups import (
+    PrunableParam,
+    build_dependency_graph,
+    conv_execution_order,
+    describe_convs,
+    eval_mode,
+    select_params,
+)
 from analysis.ratios import explain_target_loss, get_ratios_by_loss, save_ratios_yaml
 from analysis.results import Sensitivities, ratios_path
 from analysis.store import AnalysisStore, Fingerprint
@@ -63,7 +70,7 @@ def run_analysis(
     """Analyse ``model`` and write the analysis file (resuming it), its sidecar and, with ``target_loss``, ratios.
 
     Args:
-        model: The model in eval mode, on the device of ``example_input``.
+        model: The model, on the device of ``example_input`` (analysed in eval mode; its flags are restored).
         evaluate: Returns the metrics of a model, including ``settings.metric``.
         example_input: An input batch for tracing and for checking masking against physical pruning.
         analysis_file: The pickle to resume and write.
@@ -77,39 +84,39 @@ def run_analysis(
         names_key: How to name ``prune_params`` in error messages.
         skip_key: How to name ``skip_params`` in error messages.
     """
-    graph = build_dependency_graph(model, example_input)
-    params = describe_convs(model, graph, conv_execution_order(model, example_input))
-    analysed = select_params(params, prune_params, skip_params, key=names_key, skip_key=skip_key)
-    fingerprint = Fingerprint(
-        model=model_fingerprint(model),
-        data=data_fingerprint,
-        settings={
-            "criterion": settings.criterion,
-            "group_reduction": settings.group_reduction,
-            "metric": settings.metric,
-            "metric_mode": settings.metric_mode,
-        },
-    )
-    store = AnalysisStore(analysis_file, fingerprint, [p.name for p in params], overwrite=overwrite, config=config)
-    for param in params:
-        if param.reason:
-            store.mark_unprunable(param.name, param.reason)
-    logger.info(
-        "%d conv weight(s): %d prunable, %d analysed; ratios %s; criterion %s.",
-        len(params),
-        sum(p.prunable for p in params),
-        len(analysed),
-        ", ".join(f"{r:g}" for r in settings.ratios),
-        settings.criterion,
-    )
-    engine = SensitivityEngine(model, evaluate, example_input, graph, settings, store)
-    report = engine.run(analysed)
-    if report.evaluated or store.sensitivities:
-        store.save()
-    outcome = AnalysisOutcome(Path(analysis_file), store.ordered(), params, analysed, report)
-    if target_loss is not None:
-        derive_ratios(outcome, target_loss, settings.criterion)
-    return outcome
+    with eval_mode(model):  # restores each module's training flag afterwards
+        graph = build_dependency_graph(model, example_input)
+        params = describe_convs(model, graph, conv_execution_order(model, example_input))
+        analysed = select_params(params, prune_params, skip_params, key=names_key, skip_key=skip_key)
+        fingerprint = Fingerprint(
+            model=model_fingerprint(model),
+            data=data_fingerprint,
+            settings={
+                "criterion": settings.criterion,
+                "group_reduction": settings.group_reduction,
+                "metric": settings.metric,
+                "metric_mode": settings.metric_mode,
+            },
+        )
+        store = AnalysisStore(analysis_file, fingerprint, [p.name for p in params], overwrite=overwrite, config=config)
+        for param in params:
+            if param.reason:
+                store.mark_unprunable(param.name, param.reason)
+        logger.info(
+            "%d conv weight(s): %d prunable, %d analysed; ratios %s; criterion %s.",
+            len(params),
+            sum(p.prunable for p in params),
+            len(analysed),
+            ", ".join(f"{r:g}" for r in settings.ratios),
+            settings.criterion,
+        )
+        engine = SensitivityEngine(model, evaluate, example_input, graph, settings, store)
+        report = engine.run(analysed)
+        store.save()  # also when nothing was evaluated: the sidecar then records the baseline and every reason
+        outcome = AnalysisOutcome(Path(analysis_file), store.ordered(), params, analysed, report)
+        if target_loss is not None:
+            derive_ratios(outcome, target_loss, settings.criterion)
+        return outcome
 
 
 def derive_ratios(outcome: AnalysisOutcome, target_loss: float, criterion: str) -> None:

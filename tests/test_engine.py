@@ -192,3 +192,43 @@ def test_module_names_are_accepted_for_prune_params(tmp_path: Path) -> None:
     analysis_prune(model, data, tmp_path / "s.pkl", pruned_ratios=(0.5,), prune_params=["features.3"], progress=False)
     with (tmp_path / "s.pkl").open("rb") as handle:
         assert list(pickle.load(handle)) == ["features.3.weight"]
+
+
+def test_resume_normalises_ratio_keys_and_keeps_names_the_model_lacks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = randomize(engine_models.slow_cnn(delay=0.0))
+    data = pseudo_labelled(model, batches(count=1))
+    path = tmp_path / "s.pkl"
+    with path.open("wb") as handle:  # as PaddleSlim would write it: float noise in the key, no sidecar
+        pickle.dump({"ghost.weight": {0.3: 0.5}, "features.0.weight": {0.30000000000000004: 0.125}}, handle)
+    calls = []
+
+    def score(candidate: nn.Module) -> float:
+        calls.append(1)
+        return float(evaluate(candidate, data).top1)
+
+    with caplog.at_level("WARNING", logger="analysis"):
+        analysis_prune(model, score, path, pruned_ratios=(0.3,), example_input=data[0][0], progress=False)
+    assert "has no sidecar" in caplog.text and "ghost.weight" in caplog.text
+    assert len(calls) == 1 + 2  # baseline + features.3 and features.6; features.0 at 0.3 was already done
+    stored = load_sensitivities(path)
+    assert list(stored) == ["features.0.weight", "features.3.weight", "features.6.weight", "ghost.weight"]
+    assert stored["features.0.weight"] == {0.3: 0.125} and stored["ghost.weight"] == {0.3: 0.5}
+
+
+def test_ratios_that_remove_nothing(tmp_path: Path) -> None:
+    model = randomize(engine_models.slow_cnn(delay=0.0))
+    data = pseudo_labelled(model, batches(count=1))
+    # round(8 * 0.03) = round(12 * 0.03) = round(16 * 0.03) = 0: no ratio removes a filter, so nothing is recorded
+    analysis_prune(model, data, tmp_path / "a.pkl", pruned_ratios=(0.03,), progress=False)
+    assert load_sensitivities(tmp_path / "a.pkl") == {}
+    assert (
+        "no ratio removes a channel (8 channels)" in load_sidecar(tmp_path / "a.pkl")["unprunable"]["features.0.weight"]
+    )
+    # with a ratio that does remove filters, the empty ratio is a real measurement of the unchanged model: loss 0
+    analysis_prune(model, data, tmp_path / "b.pkl", pruned_ratios=(0.03, 0.5), prune_params=["features.0"],
+                   progress=False)  # fmt: skip
+    assert load_sensitivities(tmp_path / "b.pkl")["features.0.weight"][0.03] == 0.0
+    variant = load_sidecar(tmp_path / "b.pkl")["params"]["features.0.weight"]["variants"]["0.03"]
+    assert variant["channels_removed"] == 0
