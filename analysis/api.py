@@ -15,6 +15,7 @@ from analysis.engine import EngineSettings
 from analysis.errors import ConfigError
 from analysis.evaluate import evaluate
 from analysis.fingerprint import json_fingerprint
+from analysis.ratios import explain_target_loss
 from analysis.sensitivity import run_analysis
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,8 @@ def analysis_prune(
         names_key="prune_params",
         skip_key="skip_params",
     )
+    if target_loss is not None:
+        logger.info("%s Ratios: %s", explain_target_loss(target_loss), outcome.ratios_file)
     return outcome.ratios
 
 

@@ -22,6 +22,7 @@ from analysis.engine import EngineSettings, format_metrics
 from analysis.errors import ConfigError, UserError
 from analysis.evaluate import evaluate
 from analysis.models import build_model, count_outputs
+from analysis.ratios import explain_target_loss
 from analysis.results import sidecar_path
 from analysis.sensitivity import AnalysisOutcome, run_analysis
 from analysis.summary import format_table
@@ -133,8 +134,9 @@ def print_outcome(outcome: AnalysisOutcome, config: Config) -> None:
     print(f"baseline: {format_metrics(baseline)} ({baseline.get('images', '?')} images)")
     print(format_table(outcome, s.pruned_ratios, s.metric))
     print(f"analysis file: {outcome.analysis_file} (+ {sidecar_path(outcome.analysis_file).name})")
-    if outcome.ratios_file is not None:
-        print(f"ratios (target_loss {s.target_loss:g}): {outcome.ratios_file}")
+    if outcome.ratios_file is not None and s.target_loss is not None:
+        print(explain_target_loss(s.target_loss))
+        print(f"ratios as an ACT ChannelPrune block: {outcome.ratios_file}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

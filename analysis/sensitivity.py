@@ -25,7 +25,7 @@ from analysis.groups import (
     eval_mode,
     select_params,
 )
-from analysis.ratios import explain_target_loss, get_ratios_by_loss, save_ratios_yaml
+from analysis.ratios import get_ratios_by_loss, save_ratios_yaml
 from analysis.results import Sensitivities, ratios_path
 from analysis.store import AnalysisStore, Fingerprint
 
@@ -126,4 +126,3 @@ def derive_ratios(outcome: AnalysisOutcome, target_loss: float, criterion: str) 
     outcome.ratios = get_ratios_by_loss(curves, target_loss)
     outcome.ratios_file = ratios_path(outcome.analysis_file)
     save_ratios_yaml(outcome.ratios_file, outcome.ratios, [p.name for p in outcome.params], criterion, target_loss)
-    logger.info(explain_target_loss(target_loss))

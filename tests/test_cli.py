@@ -307,5 +307,6 @@ def test_full_run_prints_the_table_and_writes_the_files(cli: Cli, tmp_path: Path
     assert header.split() == ["param", "shape", "group", "0.25", "0.5", "ratio"]
     assert any(line.startswith("0.weight ") for line in lines) and any(line.startswith("6.weight ") for line in lines)
     assert "  3.weight: depthwise conv" in result.out  # unprunable convs are listed with their reason
+    assert "target_loss 0.5: each layer gets the largest ratio" in result.out
     for suffix in ("", ".json", ".ratios.yaml"):
         assert (tmp_path / "out" / f"s.pkl{suffix}").is_file()
