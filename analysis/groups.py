@@ -194,17 +194,9 @@ def describe_convs(model: nn.Module, graph: tp.DependencyGraph, order: Sequence[
     params = [_describe(name, modules[name], graph, names, outputs) for name in order]
     params += [PrunableParam(f"{n}.weight", n, tuple(modules[n].weight.shape), "not used by the forward pass")
                for n in unused]  # fmt: skip
-    prunable = {p.module_name for p in params if p.prunable}
-    for param in params:
-        if param.prunable:
-            group = full_group(graph, modules[param.module_name])
-            param.coupled_params = [
-                f"{names[item.dep.target.module]}.weight"
-                for item in group
-                if is_out_channel_item(graph, item)
-                and names.get(item.dep.target.module) in prunable
-                and names[item.dep.target.module] != param.module_name
-            ]
+    prunable = {p.name for p in params if p.prunable}
+    for param in params:  # _describe listed every conv whose outputs are in the group; keep the prunable ones
+        param.coupled_params = [name for name in param.coupled_params if name in prunable] if param.prunable else []
     return params
 
 
@@ -237,6 +229,8 @@ def _describe(
         if module in names and module is not conv:
             role = "out" if out_item else "in"
             param.members.append(f"{names[module]} ({type(module).__name__}, {role})")
+            if out_item and isinstance(module, nn.Conv2d):
+                param.coupled_params.append(f"{names[module]}.weight")
         if (
             isinstance(module, nn.modules.batchnorm._BatchNorm)
             and param.bn_name is None
