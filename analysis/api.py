@@ -10,7 +10,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from analysis.config import CRITERIA, GROUP_REDUCTIONS, METRIC_MODES, METRICS, check_choice, normalise_ratios
+from analysis.config import (
+    CRITERIA,
+    ENGINES,
+    GROUP_REDUCTIONS,
+    METRIC_MODES,
+    METRICS,
+    check_choice,
+    normalise_ratios,
+)
 from analysis.engine import EngineSettings
 from analysis.errors import ConfigError
 from analysis.evaluate import evaluate
@@ -38,6 +46,7 @@ def analysis_prune(
     metric_mode: str = "relative",
     overwrite: bool = False,
     progress: bool | None = None,
+    engine: str = "fast",
 ) -> dict[str, float]:
     """Filter-pruning sensitivity of every prunable conv of ``model``; writes the same files as ``run.py``.
 
@@ -57,6 +66,7 @@ def analysis_prune(
         metric_mode: ``relative`` loss (PaddleSlim) or ``absolute`` difference.
         overwrite: Replace an existing analysis file instead of resuming it.
         progress: Show progress bars (default: only on a terminal).
+        engine: ``fast`` (default; needs batches, same numbers) or ``reference`` (one full pass per variant).
 
     Returns:
         ``{param name: ratio}`` derived with ``target_loss`` (PaddleSlim's rule), or ``{}`` without one.
@@ -68,23 +78,23 @@ def analysis_prune(
     check_choice("criterion", criterion, CRITERIA)
     check_choice("group_reduction", group_reduction, GROUP_REDUCTIONS)
     check_choice("metric_mode", metric_mode, METRIC_MODES)
+    check_choice("engine", engine, ENGINES)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     if callable(data):
         if example_input is None:
             raise ConfigError("example_input is required when data is an eval function (it is used for tracing).")
-        evaluate_model, metric, fingerprint = _function_evaluator(data), "score", None
+        evaluate_model, metric, fingerprint, batches = _function_evaluator(data), "score", None, None
     else:
         check_choice("metric", metric, METRICS)
         batches = data
 
         def evaluate_model(candidate: nn.Module) -> dict[str, float]:
-            result = evaluate(candidate, batches, device=device, progress=progress)
-            return {"top1": result.top1, "top5": result.top5, "ce": result.ce}
+            return evaluate(candidate, batches, device=device, progress=progress).metrics()
 
         first_images, first_labels = next(iter(batches))
         example_input = first_images if example_input is None else example_input
         fingerprint = _batch_fingerprint(first_images, first_labels)
-    settings = EngineSettings(ratios, criterion, group_reduction, metric, metric_mode, progress)
+    settings = EngineSettings(ratios, criterion, group_reduction, metric, metric_mode, progress, engine)
     outcome = run_analysis(
         model,
         evaluate_model,
@@ -96,6 +106,7 @@ def analysis_prune(
         data_fingerprint=fingerprint,
         config={"api": "analysis_prune", "pruned_ratios": ratios, "criterion": criterion, "metric": metric},
         overwrite=overwrite,
+        batches=batches,
         names_key="prune_params",
         skip_key="skip_params",
     )

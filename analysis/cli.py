@@ -16,7 +16,7 @@ import torch
 
 from analysis import __version__
 from analysis.config import Config, describe, load_config
-from analysis.data import build_eval_loader
+from analysis.data import apply_data_cache, build_eval_loader
 from analysis.device import resolve_device
 from analysis.engine import EngineSettings, format_metrics
 from analysis.errors import ConfigError, UserError
@@ -97,11 +97,11 @@ def run_job(config: Config, overwrite: bool = False, progress: bool | None = Non
     logger.info("data: %s, %d images", loader.layout, loader.num_samples)
     model = build_model(g).to(device)
     loader.check_labels(count_outputs(model, g.img_size, device))
+    apply_data_cache(loader, g.data_cache, g.cache_max_gb, progress)
     example_input = next(iter(loader))[0][:EXAMPLE_BATCH]
 
     def evaluate_model(candidate: torch.nn.Module) -> dict[str, float]:
-        result = evaluate(candidate, loader, progress=progress, desc="eval")
-        return {"top1": result.top1, "top5": result.top5, "ce": result.ce, "images": result.num_samples}
+        return evaluate(candidate, loader, progress=progress, desc="eval").metrics()
 
     settings = EngineSettings(
         ratios=s.pruned_ratios,
@@ -110,6 +110,7 @@ def run_job(config: Config, overwrite: bool = False, progress: bool | None = Non
         metric=s.metric,
         metric_mode=s.metric_mode,
         progress=progress,
+        engine=s.engine,
     )
     assert s.analysis_file is not None
     return run_analysis(
@@ -124,6 +125,7 @@ def run_job(config: Config, overwrite: bool = False, progress: bool | None = Non
         data_fingerprint=loader.fingerprint(),
         config=dataclasses.asdict(config),
         overwrite=overwrite,
+        batches=loader,
     )
 
 

@@ -31,6 +31,8 @@ INTERPOLATIONS = ("bilinear", "bicubic", "lanczos")
 CRITERIA = ("l1_norm", "l2_norm", "geometry_median", "bn_scale")
 METRICS = ("top1", "top5", "ce")
 GROUP_REDUCTIONS = ("self", "mean")
+DATA_CACHE_MODES = ("auto", "ram", "off")
+ENGINES = ("fast", "reference")
 METRIC_MODES = ("relative", "absolute")
 RATIO_DECIMALS = 6
 
@@ -75,6 +77,8 @@ class GlobalConfig:
     mean: list[float] = field(default_factory=lambda: list(IMAGENET_MEAN))
     std: list[float] = field(default_factory=lambda: list(IMAGENET_STD))
     num_workers: int | None = None
+    data_cache: str = "auto"
+    cache_max_gb: float | None = None
     device: str = "auto"
     max_samples: int | None = None
     seed: int = 0
@@ -93,6 +97,7 @@ class SensitivityConfig:
     metric: str = "top1"
     metric_mode: str = "relative"
     group_reduction: str = "self"
+    engine: str = "fast"
 
 
 @dataclass
@@ -170,6 +175,11 @@ def validate(config: Config) -> None:
         raise ConfigError(f"Global.std values must be positive, got {list(g.std)}.")
     if g.num_workers is not None and g.num_workers < 0:
         raise ConfigError(f"Global.num_workers must be 0 or more (or unset for automatic), got {g.num_workers}.")
+    check_choice("Global.data_cache", g.data_cache, DATA_CACHE_MODES)
+    if g.cache_max_gb is not None and g.cache_max_gb <= 0:
+        raise ConfigError(
+            f"Global.cache_max_gb must be positive (or unset for half the free RAM), got {g.cache_max_gb}."
+        )
     if g.max_samples is not None and g.max_samples < 1:
         raise ConfigError(f"Global.max_samples must be a positive integer (or unset for all), got {g.max_samples}.")
     if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+|mps", g.device):
@@ -181,7 +191,13 @@ def validate(config: Config) -> None:
             f"SensitivityAnalysis.target_loss must be a relative loss between 0 and 1 (0.01 = 1%), got {s.target_loss}."
         )
     check_choice("SensitivityAnalysis.criterion", s.criterion, CRITERIA)
-    for key, allowed in (("metric", METRICS), ("metric_mode", METRIC_MODES), ("group_reduction", GROUP_REDUCTIONS)):
+    choices = (
+        ("metric", METRICS),
+        ("metric_mode", METRIC_MODES),
+        ("group_reduction", GROUP_REDUCTIONS),
+        ("engine", ENGINES),
+    )
+    for key, allowed in choices:
         check_choice(f"SensitivityAnalysis.{key}", getattr(s, key), allowed)
     if not s.analysis_file:
         raise ConfigError("SensitivityAnalysis.analysis_file must not be empty.")

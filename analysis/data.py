@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
+import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_datas
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.functional import convert_image_dtype
 from torchvision.transforms.v2 import functional as TF
+from tqdm.auto import tqdm
 
 from analysis.config import GlobalConfig
 from analysis.errors import DataError
@@ -262,14 +265,20 @@ class EvalLoader:
         self.preprocess = preprocess
         self.device = device
         self.num_classes = max(s.label for s in self.samples) + 1
-        self.loader = DataLoader(
-            ImageListDataset(self.samples, preprocess),
-            batch_size=batch_size,
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.cached: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.loader = self._data_loader(normalise_in_workers=device.type == "cpu" and num_workers > 0)
+
+    def _data_loader(self, normalise_in_workers: bool, persistent: bool = True) -> DataLoader:
+        return DataLoader(
+            ImageListDataset(self.samples, self.preprocess),
+            batch_size=self.batch_size,
             shuffle=False,
-            num_workers=num_workers,
-            collate_fn=CollateImages(preprocess if device.type == "cpu" and num_workers > 0 else None),
-            pin_memory=device.type == "cuda",
-            persistent_workers=num_workers > 0,
+            num_workers=self.num_workers,
+            collate_fn=CollateImages(self.preprocess if normalise_in_workers else None),
+            pin_memory=self.device.type == "cuda",
+            persistent_workers=persistent and self.num_workers > 0,
         )
 
     @property
@@ -277,18 +286,55 @@ class EvalLoader:
         """Number of images per pass."""
         return len(self.samples)
 
+    @property
+    def cache_bytes(self) -> int:
+        """RAM the decoded uint8 images take when cached."""
+        return self.num_samples * 3 * self.preprocess.img_size**2
+
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for batch in self.loader:
-            if isinstance(batch, ReadFailure):
-                raise DataError(f"{batch.source}: image {batch.path} cannot be decoded ({batch.reason}).")
-            images, labels = batch
+        if self.cached is not None:
+            yield from self._iter_cached()
+            return
+        for images, labels in self._raw_batches(self.loader):
             images = images.to(self.device, non_blocking=True)
             if images.dtype == torch.uint8:
                 images = normalize_batch(images, self.preprocess)
             yield images, labels.to(self.device, non_blocking=True)
+
+    def _raw_batches(self, loader: DataLoader) -> Iterator[Batch]:
+        for batch in loader:
+            if isinstance(batch, ReadFailure):
+                raise DataError(f"{batch.source}: image {batch.path} cannot be decoded ({batch.reason}).")
+            yield batch
+
+    def _iter_cached(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        assert self.cached is not None
+        images, labels = self.cached
+        for start in range(0, len(images), self.batch_size):
+            batch = images[start : start + self.batch_size].to(self.device, non_blocking=True)
+            yield normalize_batch(batch, self.preprocess), labels[start : start + self.batch_size].to(self.device)
+
+    def cache_in_memory(self, progress: bool | None = None) -> None:
+        """Decode every image once into one uint8 tensor in RAM; every later pass reads the same batches from it.
+
+        Batches are bit-identical to streamed ones (same order, same boundaries, same normalisation).
+        """
+        size = self.preprocess.img_size
+        images = torch.empty((self.num_samples, 3, size, size), dtype=torch.uint8)
+        labels = torch.empty(self.num_samples, dtype=torch.long)
+        disable = not sys.stderr.isatty() if progress is None else not progress
+        position = 0
+        with tqdm(total=self.num_samples, desc="decode", unit="img", disable=disable, leave=False) as bar:
+            for batch_images, batch_labels in self._raw_batches(self._data_loader(False, persistent=False)):
+                count = len(batch_labels)
+                images[position : position + count] = batch_images
+                labels[position : position + count] = batch_labels
+                position += count
+                bar.update(count)
+        self.cached = (images, labels)
 
     def fingerprint(self) -> str:
         """Identifies the evaluated images (paths relative to their list or folder, labels, order) and the
@@ -328,3 +374,44 @@ def build_eval_loader(cfg: GlobalConfig, device: torch.device) -> EvalLoader:
         layout += f" (class-balanced subset of {len(samples)}/{total}, seed {cfg.seed})"
     workers = default_num_workers() if cfg.num_workers is None else cfg.num_workers
     return EvalLoader(samples, layout, Preprocess.from_config(cfg), cfg.batch_size, workers, device)
+
+
+def available_memory_bytes() -> int:
+    """Memory the system can give without swapping (Linux MemAvailable; elsewhere free physical pages)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def apply_data_cache(loader: EvalLoader, mode: str, max_gb: float | None, progress: bool | None = None) -> bool:
+    """Decode the images once into RAM when ``mode`` asks for it (``ram``) or they fit the budget (``auto``).
+
+    The budget is ``max_gb``, or half of the currently available memory when unset. Returns whether the loader now
+    reads from RAM; with ``auto`` and too little memory it keeps streaming and says so.
+    """
+    if mode == "off":
+        return False
+    budget = max_gb * 1024**3 if max_gb is not None else available_memory_bytes() / 2
+    needed = loader.cache_bytes
+    if mode == "auto" and needed > budget:
+        logger.info(
+            "Data cache off: the decoded images need %.2f GB, more than the %.2f GB budget (Global.cache_max_gb); "
+            "every pass decodes the images again.", needed / 1024**3, budget / 1024**3,
+        )  # fmt: skip
+        return False
+    if needed > budget:
+        logger.warning(
+            "Global.data_cache is ram: caching %.2f GB, above the %.2f GB budget.", needed / 1e9, budget / 1e9
+        )
+    start = time.perf_counter()
+    loader.cache_in_memory(progress)
+    logger.info(
+        "Decoded %d images once into RAM (%.2f GB) in %.1f s; later passes read them from there.",
+        loader.num_samples, needed / 1024**3, time.perf_counter() - start,
+    )  # fmt: skip
+    return True

@@ -45,6 +45,19 @@ class EngineSettings:
     metric: str = "top1"
     metric_mode: str = "relative"
     progress: bool | None = None
+    engine: str = "fast"
+
+
+@dataclass
+class Prepared:
+    """A param ready to evaluate: its conv, the channels each ratio removes, how (mask/physical), and the names its
+    results are recorded under (several when coupled params share the evaluation)."""
+
+    param: PrunableParam
+    conv: nn.Module
+    removal: dict[float, list[int]]
+    mode: str
+    names: list[str]
 
 
 @dataclass
@@ -175,12 +188,23 @@ class SensitivityEngine:
             logging_redirect_tqdm(loggers=[logging.getLogger("analysis")]),
             tqdm(total=total, desc="sensitivity", unit="variant", disable=disable, dynamic_ncols=True) as bar,
         ):
-            for param in params:
-                ratios = [r for r in pending[param.name] if not self.store.has(param.name, r)]
-                if ratios:
-                    self._run_param(param, ratios, baseline, report, bar)
-                bar.update(len(pending[param.name]) - len(ratios))  # units filled in by a coupled param
+            self._run_params(params, pending, baseline, report, bar)
         return report
+
+    def _run_params(
+        self,
+        params: Sequence[PrunableParam],
+        pending: dict[str, list[float]],
+        baseline: Metrics,
+        report: EngineReport,
+        bar: tqdm,
+    ) -> None:
+        """Evaluate each param's pending ratios, one full pass over the data per variant."""
+        for param in params:
+            ratios = [r for r in pending[param.name] if not self.store.has(param.name, r)]
+            if ratios:
+                self._run_param(param, ratios, baseline, report, bar)
+            bar.update(len(pending[param.name]) - len(ratios))  # units filled in by a coupled param
 
     def _progress_disabled(self) -> bool:
         return not sys.stderr.isatty() if self.settings.progress is None else not self.settings.progress
@@ -202,51 +226,72 @@ class SensitivityEngine:
     def _run_param(
         self, param: PrunableParam, ratios: Sequence[float], baseline: Metrics, report: EngineReport, bar: tqdm
     ) -> None:
+        prepared = self._prepare(param, ratios, report, bar)
+        if prepared is None:
+            return
+        for ratio in ratios:
+            if self.store.has(param.name, ratio):
+                continue
+            channels = prepared.removal[ratio]
+            start = time.perf_counter()
+            if not channels:
+                metrics = _metrics_only(baseline)
+            else:
+                metrics = self._evaluate_variant(param, prepared.conv, channels, prepared.mode)
+            self._record(prepared, ratio, metrics, baseline, time.perf_counter() - start, report, bar)
+
+    def _prepare(
+        self, param: PrunableParam, ratios: Sequence[float], report: EngineReport, bar: tqdm
+    ) -> Prepared | None:
+        """Rank the channels, choose them per ratio, check masking against physical pruning; None if skipped."""
         conv = self.model.get_submodule(param.module_name)
         try:
             scores = channel_scores(self.model, self.graph, param, self.settings)
         except ValueError as error:
             self._skip(param, f"criterion {self.settings.criterion} not applicable: {error}", report, bar, ratios)
-            return
+            return None
         removal = {r: select_channels(scores, r, param.conv_blocks) for r in ratios}
         if not any(removal.values()):
             blocks = f" in {len(param.conv_blocks)} conv groups" if param.conv_blocks else ""
             self._skip(param, f"no ratio removes a channel ({param.channels} channels{blocks})", report, bar, ratios)
-            return
+            return None
         mode, difference = self._choose_mode(param, max(removal.values(), key=len))
         if mode is None:
             self._skip(param, f"physical pruning failed ({difference})", report, bar, ratios)
-            return
+            return None
         report.modes[param.name] = mode
         self.store.describe_param(param.name, {
             "module": param.module_name, "shape": list(param.shape), "group": param.members,
             "coupled_params": param.coupled_params, "conv_groups": len(param.conv_blocks) or 1, "mode": mode,
             "mask_vs_physical_max_abs_diff": difference,
         })  # fmt: skip
-        names = self._sharing(param)
-        for ratio in ratios:
-            if self.store.has(param.name, ratio):
-                continue
-            channels = removal[ratio]
-            start = time.perf_counter()
-            metrics = self._evaluate_variant(param, conv, channels, mode) if channels else _metrics_only(baseline)
-            check_finite(metrics, f"variant {param.name} at ratio {ratio}")
-            loss = relative_loss(
-                baseline[self.settings.metric], metrics[self.settings.metric], self.settings.metric,
-                self.settings.metric_mode,
-            )  # fmt: skip
-            seconds = time.perf_counter() - start
-            details = {**metrics, "channels_removed": len(channels), "channels": param.channels, "mode": mode,
-                       "seconds": round(seconds, 3)}  # fmt: skip
-            recorded = [n for n in names if not self.store.has(n, ratio)]
-            self.store.record(recorded, ratio, loss, details)
-            report.evaluated += 1
-            bar.update(1)
-            logger.info(
-                "%s @ %g: removed %d/%d channels%s, %s=%.4f, loss=%+.4f (%.1f s)",
-                param.name, ratio, len(channels), param.channels, " (physical)" if mode == "physical" else "",
-                self.settings.metric, metrics[self.settings.metric], loss, seconds,
-            )  # fmt: skip
+        return Prepared(param, conv, removal, mode, self._sharing(param))
+
+    def _record(
+        self,
+        prepared: Prepared,
+        ratio: float,
+        metrics: Metrics,
+        baseline: Metrics,
+        seconds: float,
+        report: EngineReport,
+        bar: tqdm,
+    ) -> None:
+        """Turn a variant's metrics into its loss, save it under every sharing name, log one line."""
+        param, channels = prepared.param, prepared.removal[ratio]
+        check_finite(metrics, f"variant {param.name} at ratio {ratio}")
+        metric = self.settings.metric
+        loss = relative_loss(baseline[metric], metrics[metric], metric, self.settings.metric_mode)
+        details = {**metrics, "channels_removed": len(channels), "channels": param.channels, "mode": prepared.mode,
+                   "seconds": round(seconds, 3)}  # fmt: skip
+        self.store.record([n for n in prepared.names if not self.store.has(n, ratio)], ratio, loss, details)
+        report.evaluated += 1
+        bar.update(1)
+        logger.info(
+            "%s @ %g: removed %d/%d channels%s, %s=%.4f, loss=%+.4f (%.1f s)",
+            param.name, ratio, len(channels), param.channels, " (physical)" if prepared.mode == "physical" else "",
+            metric, metrics[metric], loss, seconds,
+        )  # fmt: skip
 
     def _sharing(self, param: PrunableParam) -> list[str]:
         """Names recorded with this param's evaluation: with ``group_reduction: mean`` every coupled param in the

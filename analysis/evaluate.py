@@ -23,6 +23,10 @@ class EvalResult:
     num_samples: int
     seconds: float
 
+    def metrics(self) -> dict[str, float]:
+        """The values recorded per variant: ``top1``, ``top5``, ``ce`` and the number of ``images``."""
+        return {"top1": self.top1, "top5": self.top5, "ce": self.ce, "images": self.num_samples}
+
     def summary(self) -> str:
         """One line for logs: ``top1=0.9756 top5=0.9978 ce=0.0834 (450 images, 1.2 s)``."""
         return (

@@ -76,7 +76,13 @@ def _conv_slices(conv: nn.Conv2d, index: torch.Tensor, out: bool) -> list[tuple[
 def masked(graph: tp.DependencyGraph, group: Any) -> Iterator[None]:
     """Zero the group's slices for the duration of the block; restore the original values afterwards, also when
     the block raises. Restoring writes back saved copies, so the weights are bit-identical to before."""
-    slices = zeroed_slices(graph, group)
+    with zeroed(zeroed_slices(graph, group)):
+        yield
+
+
+@contextmanager
+def zeroed(slices: list[tuple[torch.Tensor, Any]]) -> Iterator[None]:
+    """Zero precomputed ``(tensor, index)`` slices (see :func:`zeroed_slices`) for the block, then restore them."""
     saved = []
     with torch.no_grad():
         try:

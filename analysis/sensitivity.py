@@ -7,15 +7,17 @@ write the same files: the pickle, its JSON sidecar and, with a ``target_loss``, 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch_pruning as tp
 from torch import nn
 
 from analysis.engine import EngineReport, EngineSettings, Evaluator, SensitivityEngine
+from analysis.fast import FastSensitivityEngine
 from analysis.fingerprint import model_fingerprint
 from analysis.groups import (
     PrunableParam,
@@ -66,6 +68,7 @@ def run_analysis(
     overwrite: bool = False,
     names_key: str = "SensitivityAnalysis.prune_params_name",
     skip_key: str = "SensitivityAnalysis.skip_params",
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> AnalysisOutcome:
     """Analyse ``model`` and write the analysis file (resuming it), its sidecar and, with ``target_loss``, ratios.
 
@@ -83,6 +86,8 @@ def run_analysis(
         overwrite: Replace an existing analysis file instead of resuming it.
         names_key: How to name ``prune_params`` in error messages.
         skip_key: How to name ``skip_params`` in error messages.
+        batches: The evaluation data as re-iterable batches, which the fast engine needs (``evaluate`` must compute
+            its metrics over exactly these batches); without them the reference engine runs.
     """
     with eval_mode(model):  # restores each module's training flag afterwards
         graph = build_dependency_graph(model, example_input)
@@ -110,13 +115,30 @@ def run_analysis(
             ", ".join(f"{r:g}" for r in settings.ratios),
             settings.criterion,
         )
-        engine = SensitivityEngine(model, evaluate, example_input, graph, settings, store)
+        engine = make_engine(model, evaluate, example_input, graph, settings, store, batches)
         report = engine.run(analysed)
         store.save()  # also when nothing was evaluated: the sidecar then records the baseline and every reason
         outcome = AnalysisOutcome(Path(analysis_file), store.ordered(), params, analysed, report)
         if target_loss is not None:
             derive_ratios(outcome, target_loss, settings.criterion)
         return outcome
+
+
+def make_engine(
+    model: nn.Module,
+    evaluate: Evaluator,
+    example_input: torch.Tensor,
+    graph: tp.DependencyGraph,
+    settings: EngineSettings,
+    store: AnalysisStore,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]] | None,
+) -> SensitivityEngine:
+    """The engine ``settings.engine`` asks for; the fast one needs the data as batches."""
+    if settings.engine == "fast":
+        if batches is not None:
+            return FastSensitivityEngine(model, evaluate, example_input, graph, settings, store, batches)
+        logger.info("The fast engine needs the data as batches (not an eval function); using the reference engine.")
+    return SensitivityEngine(model, evaluate, example_input, graph, settings, store)
 
 
 def derive_ratios(outcome: AnalysisOutcome, target_loss: float, criterion: str) -> None:

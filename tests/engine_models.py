@@ -99,3 +99,23 @@ def layernorm_cnn(num_classes: int = 10) -> nn.Module:
         nn.Flatten(),
         nn.Linear(16, num_classes),
     )
+
+
+class DataDependent(nn.Module):
+    """Branches on the input's values, which torch.fx cannot trace: the fast engine must fall back."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.head = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.features(x)
+        if features.sum() > 0:
+            features = features * 2
+        return self.head(features.mean(dim=(2, 3)))
+
+
+def data_dependent(num_classes: int = 10) -> nn.Module:
+    """A :class:`DataDependent` model."""
+    return DataDependent(num_classes)

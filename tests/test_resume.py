@@ -19,7 +19,11 @@ RATIOS = ["0.2", "0.4", "0.6", "0.8"]
 
 def config(tmp_path: Path, data: Path, name: str) -> Path:
     block = tiny_global(data, arch=f"{ENGINE_MODELS}:slow_cnn", arch_kwargs={"num_classes": 10, "delay": 0.05})
-    analysis = {"analysis_file": str(tmp_path / name / "s.pkl"), "pruned_ratios": [float(r) for r in RATIOS]}
+    analysis = {
+        "analysis_file": str(tmp_path / name / "s.pkl"),
+        "pruned_ratios": [float(r) for r in RATIOS],
+        "engine": "reference",  # one save per (param, ratio), and slow_cnn's sleep runs in every forward pass
+    }
     return write_config(tmp_path / f"{name}.yaml", {"Global": block, "SensitivityAnalysis": analysis})
 
 

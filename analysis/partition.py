@@ -1,0 +1,209 @@
+"""Run a model as a torch.fx graph in pieces: the part a pruned group cannot change, once; the rest, per variant.
+
+For a group, every graph node that reads one of the group's layers or parameters is *affected*; the affected
+nodes and everything downstream of them form the *suffix*. All other nodes compute the same values whatever
+channels the group loses, so the suffix's inputs from them (the *frontier*) are computed once per batch by an
+unmasked walk through the graph, and only the suffix runs once per ratio. Values are freed after their last use,
+so memory stays near that of a normal forward pass plus one suffix.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+INPLACE_SUFFIX = "_"
+
+
+class UntraceableModel(Exception):
+    """torch.fx cannot trace the model (data-dependent control flow, unsupported Python); use the reference engine."""
+
+
+@dataclass
+class SuffixPlan:
+    """The part of the graph a group's removal changes, and what it reads from the rest.
+
+    Attributes:
+        nodes: The suffix, in execution order.
+        frontier: Unaffected nodes whose values the suffix reads.
+        ready: Index (in the full node list) after which every frontier value exists.
+        clone: Frontier values the suffix modifies in place (they are copied for each run).
+        release: For each suffix position, the values no longer needed after it.
+        cost: Estimated seconds per batch of one suffix run (from :meth:`GraphRunner.profile`).
+    """
+
+    nodes: list[fx.Node]
+    frontier: list[fx.Node]
+    ready: int
+    clone: set[fx.Node] = field(default_factory=set)
+    release: list[list[fx.Node]] = field(default_factory=list)
+    cost: float = 0.0
+
+
+class GraphRunner:
+    """A model traced with torch.fx (sharing the model's modules and parameters) and run node by node."""
+
+    def __init__(self, model: nn.Module) -> None:
+        try:
+            self.module = fx.symbolic_trace(model)
+        except Exception as error:  # tracing failures come in many types; all mean "not traceable"
+            first_line = str(error).splitlines()[0] if str(error) else ""
+            raise UntraceableModel(f"{type(error).__name__}: {first_line}") from error
+        self.nodes = list(self.module.graph.nodes)
+        self.index = {node: i for i, node in enumerate(self.nodes)}
+        self.output = next(node for node in self.nodes if node.op == "output")
+        self.node_cost = dict.fromkeys(self.nodes, 1.0)
+
+    def plan(self, modules: Iterable[nn.Module], parameters: Iterable[torch.Tensor]) -> SuffixPlan | None:
+        """The suffix of a group made of ``modules`` and bare ``parameters``; None if it does not reach the output."""
+        modules, parameters = set(modules), {id(p) for p in parameters}
+        owned = {id(p) for m in modules for p in m.parameters(recurse=False)} | parameters
+        affected = [node for node in self.nodes if self._reads(node, modules, owned)]
+        suffix: set[fx.Node] = set()
+        stack = list(affected)
+        while stack:
+            node = stack.pop()
+            if node not in suffix:
+                suffix.add(node)
+                stack.extend(node.users)
+        if self.output not in suffix:
+            return None
+        ordered = [node for node in self.nodes if node in suffix]
+        frontier = [node for node in self.nodes if node not in suffix and any(u in suffix for u in node.users)]
+        plan = SuffixPlan(ordered, frontier, max(self.index[f] for f in frontier))
+        plan.clone = {
+            arg for node in ordered if _in_place(self.module, node) for arg in node.args[:1] if arg in frontier
+        }
+        plan.release = _releases(ordered, keep={self.output})
+        plan.cost = sum(self.node_cost[node] for node in ordered)
+        return plan
+
+    def _reads(self, node: fx.Node, modules: set[nn.Module], owned: set[int]) -> bool:
+        if node.op == "call_module":
+            return self.module.get_submodule(str(node.target)) in modules
+        if node.op == "get_attr":
+            return id(self._attribute(str(node.target))) in owned
+        return False
+
+    def _attribute(self, target: str) -> Any:
+        return functools.reduce(getattr, target.split("."), self.module)
+
+    def execute(self, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+        """Compute one node from the values of its inputs in ``env``."""
+        args = fx.node.map_arg(node.args, env.__getitem__)
+        kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+        if node.op == "call_module":
+            return self.module.get_submodule(str(node.target))(*args, **kwargs)
+        if node.op == "call_function":
+            return node.target(*args, **kwargs)  # type: ignore[operator]
+        if node.op == "call_method":
+            return getattr(args[0], str(node.target))(*args[1:], **kwargs)
+        if node.op == "get_attr":
+            return self._attribute(str(node.target))
+        if node.op == "output":
+            return args[0]
+        raise ValueError(f"cannot execute node {node.op} {node.target}")
+
+    def walk(
+        self, inputs: torch.Tensor, plans: Sequence[SuffixPlan], visit: Callable[[SuffixPlan, dict], None]
+    ) -> None:
+        """Run the unmodified graph on ``inputs`` just far enough to produce every plan's frontier; call
+        ``visit(plan, frontier_values)`` as soon as a plan's frontier is complete."""
+        if not plans:
+            return
+        needed = _ancestors({f for plan in plans for f in plan.frontier})
+        waiting = sorted(plans, key=lambda p: p.ready)
+        hold: dict[fx.Node, int] = {}
+        for plan in waiting:
+            for node in plan.frontier:
+                hold[node] = max(hold.get(node, -1), plan.ready)
+        last_use = {
+            node: max([self.index[u] for u in node.users if u in needed] + [hold.get(node, -1), self.index[node]])
+            for node in needed
+        }
+        env: dict[fx.Node, Any] = {}
+        placeholder = True
+        for position, node in enumerate(self.nodes[: waiting[-1].ready + 1]):
+            if node in needed:
+                if node.op == "placeholder":
+                    if not placeholder:
+                        raise UntraceableModel("models with several inputs are not supported by the fast engine")
+                    env[node], placeholder = inputs, False
+                else:
+                    env[node] = self.execute(node, env)
+            while waiting and waiting[0].ready == position:
+                plan = waiting.pop(0)
+                visit(plan, {f: env[f] for f in plan.frontier})
+            for done in [n for n in env if last_use[n] <= position]:
+                del env[done]
+
+    def run_suffix(self, plan: SuffixPlan, frontier: dict[fx.Node, Any]) -> torch.Tensor:
+        """Run a plan's suffix from its frontier values and return the model output."""
+        env = {node: value.clone() if node in plan.clone else value for node, value in frontier.items()}
+        for node, release in zip(plan.nodes, plan.release, strict=True):
+            env[node] = self.execute(node, env)
+            for done in release:
+                env.pop(done, None)
+        return env[self.output]
+
+    def profile(self, inputs: torch.Tensor, repeats: int = 2) -> float:
+        """Time every node on ``inputs`` (best of ``repeats`` runs) to estimate suffix costs; returns the total."""
+        best = dict.fromkeys(self.nodes, float("inf"))
+        sync = torch.cuda.synchronize if inputs.is_cuda else (lambda: None)
+        with torch.inference_mode():
+            for _ in range(repeats):
+                env: dict[fx.Node, Any] = {}
+                for node in self.nodes:
+                    start = time.perf_counter()
+                    env[node] = inputs if node.op == "placeholder" else self.execute(node, env)
+                    sync()
+                    best[node] = min(best[node], time.perf_counter() - start)
+        self.node_cost = best
+        return sum(best.values())
+
+
+def _in_place(module: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether ``node`` may modify its first argument in place (inplace modules/kwargs, ``x.add_()``-style)."""
+    if node.op == "call_module":
+        return bool(getattr(module.get_submodule(str(node.target)), "inplace", False))
+    if node.kwargs.get("inplace"):
+        return True
+    name = getattr(node.target, "__name__", str(node.target))
+    return node.op in ("call_method", "call_function") and name.endswith(INPLACE_SUFFIX) and not name.endswith("__")
+
+
+def _ancestors(nodes: set[fx.Node]) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            stack.extend(node.all_input_nodes)
+    return seen
+
+
+def _releases(ordered: Sequence[fx.Node], keep: set[fx.Node]) -> list[list[fx.Node]]:
+    """For each position of ``ordered``, the values (its own or frontier inputs) last read there."""
+    position = {node: i for i, node in enumerate(ordered)}
+    last: dict[fx.Node, int] = {}
+    for i, node in enumerate(ordered):
+        for source in node.all_input_nodes:
+            last[source] = i
+        last.setdefault(node, i)
+    for node in ordered:
+        users_inside = [position[u] for u in node.users if u in position]
+        if users_inside:
+            last[node] = max(users_inside)
+    release: list[list[fx.Node]] = [[] for _ in ordered]
+    for node, i in last.items():
+        if node not in keep:
+            release[i].append(node)
+    return release

@@ -1,0 +1,96 @@
+"""The fast engine gives exactly the reference engine's numbers, and falls back where it cannot split the graph."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import engine_models
+import pytest
+import torch
+import torchvision
+from test_engine import batches, pseudo_labelled, randomize
+from torch import nn
+
+import analysis.partition
+from analysis import analysis_prune
+from analysis.config import load_config
+from analysis.data import apply_data_cache, build_eval_loader
+from analysis.groups import find_prunable
+from analysis.models import build_model
+from analysis.results import load_sensitivities, load_sidecar
+
+from conftest import REPO
+
+
+def analyse_both(model: nn.Module, data, tmp_path: Path, **kwargs) -> tuple[dict, dict]:
+    """Run both engines on the same model and data; return their sidecars (which hold every variant's metrics)."""
+    for engine in ("reference", "fast"):
+        analysis_prune(model, data, tmp_path / f"{engine}.pkl", engine=engine, progress=False, **kwargs)
+    reference, fast = (load_sensitivities(tmp_path / f"{e}.pkl") for e in ("reference", "fast"))
+    assert fast == reference  # exact float equality of every loss
+    assert (tmp_path / "fast.pkl").read_bytes() == (tmp_path / "reference.pkl").read_bytes()
+    return load_sidecar(tmp_path / "reference.pkl"), load_sidecar(tmp_path / "fast.pkl")
+
+
+def variant_metrics(sidecar: dict) -> dict:
+    return {
+        (name, ratio): {k: v[k] for k in ("top1", "top5", "ce", "images")}
+        for name, info in sidecar["params"].items()
+        for ratio, v in info.get("variants", {}).items()
+    }
+
+
+@pytest.mark.parametrize("config_name", ["digits_resnet.yaml", "digits_mobilenet.yaml"])
+def test_demo_models_fast_equals_reference(config_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    config = load_config(Path("configs/demo") / config_name).Global
+    loader = build_eval_loader(config, torch.device("cpu"))
+    assert apply_data_cache(loader, "ram", None, progress=False)
+    reference, fast = analyse_both(build_model(config), loader, tmp_path, pruned_ratios=(0.2, 0.4))
+    assert variant_metrics(fast) == variant_metrics(reference)
+    assert len(variant_metrics(fast)) >= 2 * 15
+
+
+@pytest.mark.parametrize(
+    ("name", "prune_every"),
+    [("resnet18", 1), ("mobilenet_v2", 1), pytest.param("densenet121", 5, marks=pytest.mark.slow)],
+)
+def test_torchvision_fast_equals_reference(name: str, prune_every: int, tmp_path: Path) -> None:
+    model = randomize(torchvision.models.get_model(name, num_classes=10))
+    data = pseudo_labelled(model, batches(count=2, size=4, resolution=32))
+    prunable = [p.name for p in find_prunable(model, data[0][0]) if p.prunable]
+    chosen = prunable[::prune_every]  # densenet121: every 5th of its 120 convs, across all dense blocks
+    reference, fast = analyse_both(model, data, tmp_path, pruned_ratios=(0.3, 0.6), metric="ce", prune_params=chosen)
+    assert variant_metrics(fast) == variant_metrics(reference)
+
+
+def test_untraceable_model_falls_back_to_the_reference_engine(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model = randomize(engine_models.data_dependent())
+    data = pseudo_labelled(model, batches(count=1))
+    with caplog.at_level(logging.INFO, logger="analysis"):
+        analyse_both(model, data, tmp_path, pruned_ratios=(0.5,), metric="ce")
+    assert "torch.fx cannot trace this model" in caplog.text
+
+
+def test_a_split_that_differs_from_eager_execution_is_not_trusted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = analysis.partition.GraphRunner.run_suffix
+
+    def off_by_a_little(self, plan, frontier):  # a wrong graph split: logits off by one ulp-ish amount
+        return original(self, plan, frontier) + 1e-6
+
+    monkeypatch.setattr(analysis.partition.GraphRunner, "run_suffix", off_by_a_little)
+    model = randomize(engine_models.slow_cnn(delay=0.0))
+    data = pseudo_labelled(model, batches(count=2))
+    with caplog.at_level(logging.INFO, logger="analysis"):
+        analyse_both(model, data, tmp_path, pruned_ratios=(0.25, 0.5), metric="ce")
+    assert caplog.text.count("the graph split differs from eager execution") == 3
+
+
+def test_engine_is_validated(tmp_path: Path) -> None:
+    from analysis.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"engine must be one of fast, reference, got 'turbo'"):
+        analysis_prune(nn.Linear(1, 1), [], tmp_path / "s.pkl", engine="turbo")
