@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 Metrics = dict[str, float]
 Evaluator = Callable[[nn.Module], Metrics]
 LOWER_IS_BETTER = {"ce"}
+CHECK_IMAGES = 8  # images on which masking is compared with physical pruning (the difference shows on any image)
 
 
 @dataclass
@@ -168,6 +169,7 @@ class SensitivityEngine:
         self.model = model
         self.evaluate = evaluate
         self.example_input = example_input
+        self.check_input = example_input[:CHECK_IMAGES]
         self.graph = graph
         self.settings = settings
         self.store = store
@@ -308,17 +310,17 @@ class SensitivityEngine:
         return self.evaluate(copy)
 
     def _choose_mode(self, param: PrunableParam, channels: Sequence[int]) -> tuple[str | None, float | str]:
-        """Compare masked and physically pruned logits on the example batch; masking is used only when equal."""
+        """Compare masked and physically pruned logits on a few images; masking is used only when they agree."""
         conv = self.model.get_submodule(param.module_name)
         try:
             copy = pruned_copy(self.model, param.module_name, channels, self.example_input).to(self.device)
             with torch.inference_mode():
-                physical = copy(self.example_input).float()
+                physical = copy(self.check_input).float()
         except Exception as error:  # Torch-Pruning cannot remove these channels: report it, do not guess
             logger.debug("Physical pruning of %s failed", param.name, exc_info=True)
             return None, f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
         with masked(self.graph, removal_group(self.graph, conv, channels)), torch.inference_mode():
-            masked_logits = self.model(self.example_input).float()
+            masked_logits = self.model(self.check_input).float()
         difference = float((masked_logits - physical).abs().max())
         tolerance = 1e-4 * max(1.0, float(physical.abs().max()))
         if difference <= tolerance:

@@ -3,9 +3,9 @@
 Per batch, the unmodified model runs once (as a torch.fx graph) just far enough to produce every analysed param's
 frontier; each (param, ratio) variant then runs only the part of the graph its removal can change (see
 :mod:`analysis.partition`). Params are processed in chunks of a few minutes of work, each chunk one pass over the
-(cached) data, and every chunk's results are saved before the next starts. On the first batch every param's
-partial result is compared with a full masked forward pass; a param whose logits are not bit-identical (which
-would mean the graph split does not reproduce eager execution) is evaluated by the reference path instead.
+(cached) data, and every chunk's results are saved before the next starts. Before that, every param's split is
+run on a few images and compared with a full masked forward pass; a param whose logits are not bit-identical
+(the graph split would not reproduce eager execution) is evaluated by the reference path instead.
 """
 
 from __future__ import annotations
@@ -49,8 +49,6 @@ class Job:
     prepared: Prepared
     plan: SuffixPlan
     variants: list[Variant]
-    checked: bool = False
-    fallback: bool = False
 
 
 class FastSensitivityEngine(SensitivityEngine):
@@ -114,7 +112,7 @@ class FastSensitivityEngine(SensitivityEngine):
         if plan is None:
             self._evaluate_ratios(prepared, ratios, baseline, report, bar)
             return None
-        variants = []
+        variants: list[Variant] = []
         for ratio in ratios:
             channels = prepared.removal[ratio]
             if not channels:
@@ -123,7 +121,26 @@ class FastSensitivityEngine(SensitivityEngine):
                 continue
             slices = zeroed_slices(self.graph, removal_group(self.graph, prepared.conv, channels))
             variants.append(Variant(ratio, slices))
+        if variants and not self._split_matches_eager(plan, variants[-1]):
+            logger.info("%s: the graph split differs from eager execution; using the reference path for it.",
+                        prepared.param.name)  # fmt: skip
+            self._evaluate_ratios(prepared, [v.ratio for v in variants], baseline, report, bar)
+            return None
         return Job(prepared, plan, variants) if variants else None
+
+    def _split_matches_eager(self, plan: SuffixPlan, variant: Variant) -> bool:
+        """Whether the suffix run gives bit-identical logits to a full masked forward pass (on a few images)."""
+        assert self.runner is not None
+        runner, logits = self.runner, {}
+
+        def visit(plan: SuffixPlan, frontier: dict) -> None:
+            with zeroed(variant.slices):
+                logits["suffix"] = runner.run_suffix(plan, frontier)
+                logits["eager"] = self.model(self.check_input)
+
+        with torch.inference_mode():
+            runner.walk(self.check_input, runner.schedule([plan]), visit)
+        return torch.equal(logits["suffix"], logits["eager"])
 
     def _evaluate_ratios(self, prepared: Prepared, ratios: Sequence[float], baseline: dict, report: EngineReport,
                          bar: tqdm) -> None:  # fmt: skip
@@ -152,11 +169,12 @@ class FastSensitivityEngine(SensitivityEngine):
         return [chunk for chunk in chunks if chunk]
 
     def _run_chunk(self, chunk: list[Job], baseline: dict, report: EngineReport, bar: tqdm) -> None:
+        """One pass over the data for a chunk of jobs: walk each batch once, run every variant's suffix on it."""
         assert self.runner is not None
         runner = self.runner
         by_plan = {id(job.plan): job for job in chunk}
+        schedule = runner.schedule([job.plan for job in chunk])
         start = time.perf_counter()
-        images_seen = 0
         disable = self._progress_disabled()
         total = getattr(self.batches, "num_samples", None)
         with tqdm(total=total, desc=f"{len(chunk)} conv(s)", unit="img", disable=disable, leave=False) as inner:
@@ -164,34 +182,19 @@ class FastSensitivityEngine(SensitivityEngine):
                 images = batch_images.to(self.device, non_blocking=True)
                 labels = batch_labels.to(self.device, non_blocking=True)
 
-                def visit(plan: SuffixPlan, frontier: dict, images: torch.Tensor = images,
-                          labels: torch.Tensor = labels) -> None:  # fmt: skip
-                    job = by_plan[id(plan)]
-                    if job.fallback:
-                        return
-                    for variant in job.variants:
+                def visit(plan: SuffixPlan, frontier: dict, labels: torch.Tensor = labels) -> None:
+                    for variant in by_plan[id(plan)].variants:
                         with zeroed(variant.slices):
                             logits = runner.run_suffix(plan, frontier)
-                            if not job.checked and variant is job.variants[-1]:
-                                job.fallback = not torch.equal(logits, self.model(images))
-                        if job.fallback:
-                            logger.info("%s: the graph split differs from eager execution; using the reference "
-                                        "path for it.", job.prepared.param.name)  # fmt: skip
-                            return
                         variant.sums.add(logits, labels)
-                    job.checked = True
 
                 with torch.inference_mode():
-                    runner.walk(images, [job.plan for job in chunk if not job.fallback], visit)
-                images_seen += int(labels.numel())
+                    runner.walk(images, schedule, visit)
                 inner.update(int(labels.numel()))
         seconds = time.perf_counter() - start
-        variants = sum(len(job.variants) for job in chunk if not job.fallback)
+        variants = sum(len(job.variants) for job in chunk)
         for job in chunk:
-            if job.fallback:
-                self._evaluate_ratios(job.prepared, [v.ratio for v in job.variants], baseline, report, bar)
-                continue
             for variant in job.variants:
                 metrics = variant.sums.result().metrics()
-                self._record(job.prepared, variant.ratio, metrics, baseline, seconds / max(1, variants), report, bar)
-        logger.debug("Chunk of %d conv(s): %d images, %.1f s.", len(chunk), images_seen, seconds)
+                self._record(job.prepared, variant.ratio, metrics, baseline, seconds / variants, report, bar)
+        logger.debug("Chunk of %d conv(s): %d variants in %.1f s.", len(chunk), variants, seconds)

@@ -47,6 +47,14 @@ class SuffixPlan:
     cost: float = 0.0
 
 
+@dataclass
+class Schedule:
+    """The unmodified walk for a set of plans: per graph position, the node to run (None: not needed), the plans
+    whose frontier is then complete, and the values no longer needed afterwards."""
+
+    steps: list[tuple[fx.Node | None, list[SuffixPlan], list[fx.Node]]]
+
+
 class GraphRunner:
     """A model traced with torch.fx (sharing the model's modules and parameters) and run node by node."""
 
@@ -59,6 +67,8 @@ class GraphRunner:
         self.nodes = list(self.module.graph.nodes)
         self.index = {node: i for i, node in enumerate(self.nodes)}
         self.output = next(node for node in self.nodes if node.op == "output")
+        if sum(node.op == "placeholder" for node in self.nodes) != 1:
+            raise UntraceableModel("the fast engine supports models with exactly one input")
         self.node_cost = dict.fromkeys(self.nodes, 1.0)
 
     def plan(self, modules: Iterable[nn.Module], parameters: Iterable[torch.Tensor]) -> SuffixPlan | None:
@@ -111,13 +121,8 @@ class GraphRunner:
             return args[0]
         raise ValueError(f"cannot execute node {node.op} {node.target}")
 
-    def walk(
-        self, inputs: torch.Tensor, plans: Sequence[SuffixPlan], visit: Callable[[SuffixPlan, dict], None]
-    ) -> None:
-        """Run the unmodified graph on ``inputs`` just far enough to produce every plan's frontier; call
-        ``visit(plan, frontier_values)`` as soon as a plan's frontier is complete."""
-        if not plans:
-            return
+    def schedule(self, plans: Sequence[SuffixPlan]) -> Schedule:
+        """Precompute, for a set of plans, which nodes the unmodified walk must run and when values can go."""
         needed = _ancestors({f for plan in plans for f in plan.frontier})
         waiting = sorted(plans, key=lambda p: p.ready)
         hold: dict[fx.Node, int] = {}
@@ -128,20 +133,24 @@ class GraphRunner:
             node: max([self.index[u] for u in node.users if u in needed] + [hold.get(node, -1), self.index[node]])
             for node in needed
         }
+        stop = waiting[-1].ready + 1 if waiting else 0
+        steps = []
+        for position, node in enumerate(self.nodes[:stop]):
+            ready = [plan for plan in waiting if plan.ready == position]
+            free = [n for n in needed if last_use[n] == position]
+            steps.append((node if node in needed else None, ready, free))
+        return Schedule(steps)
+
+    def walk(self, inputs: torch.Tensor, schedule: Schedule, visit: Callable[[SuffixPlan, dict], None]) -> None:
+        """Run the unmodified graph on ``inputs`` just far enough to produce every plan's frontier; call
+        ``visit(plan, frontier_values)`` as soon as a plan's frontier is complete."""
         env: dict[fx.Node, Any] = {}
-        placeholder = True
-        for position, node in enumerate(self.nodes[: waiting[-1].ready + 1]):
-            if node in needed:
-                if node.op == "placeholder":
-                    if not placeholder:
-                        raise UntraceableModel("models with several inputs are not supported by the fast engine")
-                    env[node], placeholder = inputs, False
-                else:
-                    env[node] = self.execute(node, env)
-            while waiting and waiting[0].ready == position:
-                plan = waiting.pop(0)
+        for node, ready, free in schedule.steps:
+            if node is not None:
+                env[node] = inputs if node.op == "placeholder" else self.execute(node, env)
+            for plan in ready:
                 visit(plan, {f: env[f] for f in plan.frontier})
-            for done in [n for n in env if last_use[n] <= position]:
+            for done in free:
                 del env[done]
 
     def run_suffix(self, plan: SuffixPlan, frontier: dict[fx.Node, Any]) -> torch.Tensor:
