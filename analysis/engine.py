@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 Metrics = dict[str, float]
 Evaluator = Callable[[nn.Module], Metrics]
 LOWER_IS_BETTER = {"ce"}
-CHECK_IMAGES = 8  # images on which masking is compared with physical pruning (the difference shows on any image)
+CHECK_IMAGES = 4  # images on which masking is compared with physical pruning (the difference shows on any image)
 
 
 @dataclass
@@ -50,6 +50,17 @@ class EngineSettings:
 
 
 @dataclass
+class ModeCheck:
+    """How a param is evaluated: ``mask``, ``physical``, or None (physical pruning failed, ``difference`` says why);
+    with the masked logits of the check images at the channels checked, which the fast engine compares against."""
+
+    mode: str | None
+    difference: float | str
+    channels: list[int] = field(default_factory=list)
+    masked_logits: torch.Tensor | None = None
+
+
+@dataclass
 class Prepared:
     """A param ready to evaluate: its conv, the channels each ratio removes, how (mask/physical), and the names its
     results are recorded under (several when coupled params share the evaluation)."""
@@ -59,6 +70,7 @@ class Prepared:
     removal: dict[float, list[int]]
     mode: str
     names: list[str]
+    check: ModeCheck
 
 
 @dataclass
@@ -257,7 +269,8 @@ class SensitivityEngine:
             blocks = f" in {len(param.conv_blocks)} conv groups" if param.conv_blocks else ""
             self._skip(param, f"no ratio removes a channel ({param.channels} channels{blocks})", report, bar, ratios)
             return None
-        mode, difference = self._choose_mode(param, max(removal.values(), key=len))
+        check = self._choose_mode(param, max(removal.values(), key=len))
+        mode, difference = check.mode, check.difference
         if mode is None:
             self._skip(param, f"physical pruning failed ({difference})", report, bar, ratios)
             return None
@@ -267,7 +280,7 @@ class SensitivityEngine:
             "coupled_params": param.coupled_params, "conv_groups": len(param.conv_blocks) or 1, "mode": mode,
             "mask_vs_physical_max_abs_diff": difference,
         })  # fmt: skip
-        return Prepared(param, conv, removal, mode, self._sharing(param))
+        return Prepared(param, conv, removal, mode, self._sharing(param), check)
 
     def _record(
         self,
@@ -309,7 +322,7 @@ class SensitivityEngine:
         copy = pruned_copy(self.model, param.module_name, channels, self.example_input).to(self.device)
         return self.evaluate(copy)
 
-    def _choose_mode(self, param: PrunableParam, channels: Sequence[int]) -> tuple[str | None, float | str]:
+    def _choose_mode(self, param: PrunableParam, channels: Sequence[int]) -> ModeCheck:
         """Compare masked and physically pruned logits on a few images; masking is used only when they agree."""
         conv = self.model.get_submodule(param.module_name)
         try:
@@ -318,18 +331,19 @@ class SensitivityEngine:
                 physical = copy(self.check_input).float()
         except Exception as error:  # Torch-Pruning cannot remove these channels: report it, do not guess
             logger.debug("Physical pruning of %s failed", param.name, exc_info=True)
-            return None, f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+            text = str(error).splitlines()[0][:200] if str(error) else ""
+            return ModeCheck(None, f"{type(error).__name__}: {text}")
         with masked(self.graph, removal_group(self.graph, conv, channels)), torch.inference_mode():
-            masked_logits = self.model(self.check_input).float()
-        difference = float((masked_logits - physical).abs().max())
+            masked_logits = self.model(self.check_input)
+        difference = float((masked_logits.float() - physical).abs().max())
         tolerance = 1e-4 * max(1.0, float(physical.abs().max()))
         if difference <= tolerance:
-            return "mask", difference
+            return ModeCheck("mask", difference, list(channels), masked_logits)
         logger.info(
             "%s: masking differs from physical pruning by %.3g (channel-normalising layer or f(0) != 0 in its "
             "group); evaluating it on physically pruned copies.", param.name, difference,
         )  # fmt: skip
-        return "physical", difference
+        return ModeCheck("physical", difference, list(channels))
 
     def _skip(
         self, param: PrunableParam, reason: str, report: EngineReport, bar: tqdm, ratios: Sequence[float]

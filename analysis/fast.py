@@ -82,7 +82,7 @@ class FastSensitivityEngine(SensitivityEngine):
         if self.runner is None:
             super()._run_params(params, pending, baseline, report, bar)
             return
-        self.runner.profile(self.example_input)
+        self.runner.profile(self.check_input, repeats=1)
         jobs: list[Job] = []
         for param in params:
             ratios = [r for r in pending[param.name] if not self.store.has(param.name, r)]
@@ -121,26 +121,26 @@ class FastSensitivityEngine(SensitivityEngine):
                 continue
             slices = zeroed_slices(self.graph, removal_group(self.graph, prepared.conv, channels))
             variants.append(Variant(ratio, slices))
-        if variants and not self._split_matches_eager(plan, variants[-1]):
+        checked = next((v for v in variants if prepared.removal[v.ratio] == prepared.check.channels), None)
+        if checked is not None and not self._split_matches_eager(plan, checked, prepared):
             logger.info("%s: the graph split differs from eager execution; using the reference path for it.",
                         prepared.param.name)  # fmt: skip
             self._evaluate_ratios(prepared, [v.ratio for v in variants], baseline, report, bar)
             return None
         return Job(prepared, plan, variants) if variants else None
 
-    def _split_matches_eager(self, plan: SuffixPlan, variant: Variant) -> bool:
-        """Whether the suffix run gives bit-identical logits to a full masked forward pass (on a few images)."""
-        assert self.runner is not None
+    def _split_matches_eager(self, plan: SuffixPlan, variant: Variant, prepared: Prepared) -> bool:
+        """Whether the suffix run gives bit-identical logits to the full masked forward pass of the mode check."""
+        assert self.runner is not None and prepared.check.masked_logits is not None
         runner, logits = self.runner, {}
 
         def visit(plan: SuffixPlan, frontier: dict) -> None:
             with zeroed(variant.slices):
                 logits["suffix"] = runner.run_suffix(plan, frontier)
-                logits["eager"] = self.model(self.check_input)
 
         with torch.inference_mode():
             runner.walk(self.check_input, runner.schedule([plan]), visit)
-        return torch.equal(logits["suffix"], logits["eager"])
+        return torch.equal(logits["suffix"], prepared.check.masked_logits)
 
     def _evaluate_ratios(self, prepared: Prepared, ratios: Sequence[float], baseline: dict, report: EngineReport,
                          bar: tqdm) -> None:  # fmt: skip
