@@ -47,6 +47,8 @@ def analysis_prune(
     overwrite: bool = False,
     progress: bool | None = None,
     engine: str = "fast",
+    precision: float | None = None,
+    seed: int = 0,
 ) -> dict[str, float]:
     """Filter-pruning sensitivity of every prunable conv of ``model``; writes the same files as ``run.py``.
 
@@ -67,6 +69,9 @@ def analysis_prune(
         overwrite: Replace an existing analysis file instead of resuming it.
         progress: Show progress bars (default: only on a terminal).
         engine: ``fast`` (default; needs batches, same numbers) or ``reference`` (one full pass per variant).
+        precision: Adaptive precision (fast engine, batches only): evaluate each variant on a random order of the
+            images (seeded by ``seed``) and stop once its loss is known within +-precision at 95% confidence.
+        seed: Seed of that order.
 
     Returns:
         ``{param name: ratio}`` derived with ``target_loss`` (PaddleSlim's rule), or ``{}`` without one.
@@ -79,6 +84,8 @@ def analysis_prune(
     check_choice("group_reduction", group_reduction, GROUP_REDUCTIONS)
     check_choice("metric_mode", metric_mode, METRIC_MODES)
     check_choice("engine", engine, ENGINES)
+    if precision is not None and not (0.0 < precision < 1.0 and engine == "fast"):
+        raise ConfigError(f"precision must be between 0 and 1 and needs engine='fast', got {precision} with {engine}.")
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     if callable(data):
         if example_input is None:
@@ -91,10 +98,15 @@ def analysis_prune(
         def evaluate_model(candidate: nn.Module) -> dict[str, float]:
             return evaluate(candidate, batches, device=device, progress=progress).metrics()
 
-        first_images, first_labels = next(iter(batches))
+        first = next(iter(batches), None)
+        if first is None:
+            raise ConfigError("data yields no batches; pass a non-empty iterable of (images, labels).")
+        first_images, first_labels = first
         example_input = first_images if example_input is None else example_input
         fingerprint = _batch_fingerprint(first_images, first_labels)
-    settings = EngineSettings(ratios, criterion, group_reduction, metric, metric_mode, progress, engine)
+    settings = EngineSettings(
+        ratios, criterion, group_reduction, metric, metric_mode, progress, engine, precision, seed
+    )
     outcome = run_analysis(
         model,
         evaluate_model,

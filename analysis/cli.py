@@ -111,6 +111,8 @@ def run_job(config: Config, overwrite: bool = False, progress: bool | None = Non
         metric_mode=s.metric_mode,
         progress=progress,
         engine=s.engine,
+        precision=s.precision,
+        seed=g.seed,
     )
     assert s.analysis_file is not None
     return run_analysis(

@@ -98,6 +98,7 @@ class SensitivityConfig:
     metric_mode: str = "relative"
     group_reduction: str = "self"
     engine: str = "fast"
+    precision: float | None = None
 
 
 @dataclass
@@ -199,6 +200,11 @@ def validate(config: Config) -> None:
     )
     for key, allowed in choices:
         check_choice(f"SensitivityAnalysis.{key}", getattr(s, key), allowed)
+    if s.precision is not None:
+        if not 0.0 < s.precision < 1.0:
+            raise ConfigError(f"SensitivityAnalysis.precision must be between 0 and 1 (e.g. 0.002), got {s.precision}.")
+        if s.engine != "fast":
+            raise ConfigError("SensitivityAnalysis.precision needs SensitivityAnalysis.engine: fast.")
     if not s.analysis_file:
         raise ConfigError("SensitivityAnalysis.analysis_file must not be empty.")
 

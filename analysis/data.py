@@ -317,6 +317,23 @@ class EvalLoader:
             batch = images[start : start + self.batch_size].to(self.device, non_blocking=True)
             yield normalize_batch(batch, self.preprocess), labels[start : start + self.batch_size].to(self.device)
 
+    def in_order(self, order: Sequence[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Batches of the samples at ``order`` (a permutation, for adaptive precision), with their indices."""
+        order_tensor = torch.as_tensor(list(order), dtype=torch.long)
+        if self.cached is not None:
+            images, labels = self.cached
+            for start in range(0, len(order_tensor), self.batch_size):
+                index = order_tensor[start : start + self.batch_size]
+                batch = images[index].to(self.device, non_blocking=True)
+                yield normalize_batch(batch, self.preprocess), labels[index].to(self.device), index
+            return
+        subset = ImageListDataset([self.samples[i] for i in order_tensor.tolist()], self.preprocess)
+        loader = DataLoader(subset, self.batch_size, num_workers=self.num_workers, collate_fn=CollateImages())
+        starts = range(0, len(order_tensor), self.batch_size)
+        for start, (images, labels) in zip(starts, self._raw_batches(loader), strict=True):
+            batch = normalize_batch(images.to(self.device, non_blocking=True), self.preprocess)
+            yield batch, labels.to(self.device), order_tensor[start : start + self.batch_size]
+
     def cache_in_memory(self, progress: bool | None = None) -> None:
         """Decode every image once into one uint8 tensor in RAM; every later pass reads the same batches from it.
 

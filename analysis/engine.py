@@ -47,6 +47,8 @@ class EngineSettings:
     metric_mode: str = "relative"
     progress: bool | None = None
     engine: str = "fast"
+    precision: float | None = None
+    seed: int = 0
 
 
 @dataclass
@@ -291,14 +293,21 @@ class SensitivityEngine:
         seconds: float,
         report: EngineReport,
         bar: tqdm,
+        estimate: Mapping[str, Any] | None = None,
     ) -> None:
-        """Turn a variant's metrics into its loss, save it under every sharing name, log one line."""
+        """Turn a variant's metrics into its loss, save it under every sharing name, log one line.
+
+        ``estimate`` (adaptive precision) supplies the loss estimated from paired differences and its interval.
+        """
         param, channels = prepared.param, prepared.removal[ratio]
         check_finite(metrics, f"variant {param.name} at ratio {ratio}")
         metric = self.settings.metric
-        loss = relative_loss(baseline[metric], metrics[metric], metric, self.settings.metric_mode)
+        if estimate is None:
+            loss = relative_loss(baseline[metric], metrics[metric], metric, self.settings.metric_mode)
+        else:
+            loss = float(estimate["loss"])
         details = {**metrics, "channels_removed": len(channels), "channels": param.channels, "mode": prepared.mode,
-                   "seconds": round(seconds, 3)}  # fmt: skip
+                   "seconds": round(seconds, 3), **(estimate or {})}  # fmt: skip
         self.store.record([n for n in prepared.names if not self.store.has(n, ratio)], ratio, loss, details)
         report.evaluated += 1
         bar.update(1)

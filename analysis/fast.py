@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,18 @@ import torch_pruning as tp
 from torch import nn
 from tqdm.auto import tqdm
 
-from analysis.engine import EngineReport, EngineSettings, Evaluator, Prepared, SensitivityEngine
+from analysis.adaptive import PairedEstimate, per_sample
+from analysis.engine import (
+    LOWER_IS_BETTER,
+    EngineReport,
+    EngineSettings,
+    Evaluator,
+    Prepared,
+    SensitivityEngine,
+    check_baseline,
+    check_finite,
+    format_metrics,
+)
 from analysis.evaluate import MetricSums
 from analysis.groups import PrunableParam, full_group, removal_group
 from analysis.masking import zeroed, zeroed_slices
@@ -35,11 +46,14 @@ CHUNK_SECONDS = 300.0  # estimated work per pass over the data; results are save
 
 @dataclass
 class Variant:
-    """One (param, ratio) in flight: the slices to zero and the metric sums gathered over batches."""
+    """One (param, ratio) in flight: the slices to zero, the metric sums gathered over batches and, with adaptive
+    precision, the running paired estimate of its loss."""
 
     ratio: float
     slices: list[tuple[torch.Tensor, Any]]
     sums: MetricSums = field(default_factory=MetricSums)
+    estimate: PairedEstimate | None = None
+    done: bool = False
 
 
 @dataclass
@@ -67,6 +81,8 @@ class FastSensitivityEngine(SensitivityEngine):
         super().__init__(model, evaluate, example_input, graph, settings, store)
         self.batches = batches
         self.runner: GraphRunner | None = None
+        self.order = torch.empty(0, dtype=torch.long)  # adaptive precision: the random order of the images
+        self.per_image: dict[str, torch.Tensor] = {}  # adaptive precision: baseline top1/top5/ce of every image
 
     def run(self, params: Sequence[PrunableParam]) -> EngineReport:
         """Like :meth:`SensitivityEngine.run`; falls back to it for a model torch.fx cannot trace."""
@@ -76,6 +92,30 @@ class FastSensitivityEngine(SensitivityEngine):
             logger.info("torch.fx cannot trace this model (%s); using the reference engine.", error)
             return super().run(params)
         return super().run(params)
+
+    def _baseline(self) -> dict:
+        """With adaptive precision: one pass over the whole set in the seeded random order the variants will use,
+        keeping every image's baseline top1/top5/ce for the paired differences (the stored baseline is not reused,
+        it lacks them). Otherwise the reference engine's baseline."""
+        if self.settings.precision is None:
+            return super()._baseline()
+        start = time.perf_counter()
+        images_total = _count_samples(self.batches)
+        self.order = torch.randperm(images_total, generator=torch.Generator().manual_seed(self.settings.seed))
+        self.per_image = {key: torch.empty(images_total, dtype=torch.float64) for key in ("top1", "top5", "ce")}
+        sums = MetricSums()
+        with torch.inference_mode():
+            for images, labels, index in ordered_batches(self.batches, self.order):
+                logits = self.model(images)
+                sums.add(logits, labels)
+                for key, values in per_sample(logits, labels).items():
+                    self.per_image[key][index] = values
+        metrics = {**sums.result().metrics(), "seconds": round(time.perf_counter() - start, 3)}
+        check_finite(metrics, "baseline model")
+        check_baseline(metrics[self.settings.metric], self.settings.metric, self.settings.metric_mode)
+        self.store.set_baseline(metrics)
+        logger.info("Baseline: %s (adaptive precision +-%g)", format_metrics(metrics), self.settings.precision)
+        return metrics
 
     def _run_params(self, params: Sequence[PrunableParam], pending: dict[str, list[float]], baseline: dict,
                     report: EngineReport, bar: tqdm) -> None:  # fmt: skip
@@ -120,7 +160,7 @@ class FastSensitivityEngine(SensitivityEngine):
                              report, bar)  # fmt: skip
                 continue
             slices = zeroed_slices(self.graph, removal_group(self.graph, prepared.conv, channels))
-            variants.append(Variant(ratio, slices))
+            variants.append(Variant(ratio, slices, estimate=self._new_estimate(baseline)))
         checked = next((v for v in variants if prepared.removal[v.ratio] == prepared.check.channels), None)
         if checked is not None and not self._split_matches_eager(plan, checked, prepared):
             logger.info("%s: the graph split differs from eager execution; using the reference path for it.",
@@ -128,6 +168,17 @@ class FastSensitivityEngine(SensitivityEngine):
             self._evaluate_ratios(prepared, [v.ratio for v in variants], baseline, report, bar)
             return None
         return Job(prepared, plan, variants) if variants else None
+
+    def _new_estimate(self, baseline: dict) -> PairedEstimate | None:
+        if self.settings.precision is None:
+            return None
+        metric = self.settings.metric
+        return PairedEstimate(
+            population=len(self.order),
+            baseline=float(baseline[metric]),
+            relative=self.settings.metric_mode == "relative",
+            discrete=metric != "ce",
+        )
 
     def _split_matches_eager(self, plan: SuffixPlan, variant: Variant, prepared: Prepared) -> bool:
         """Whether the suffix run gives bit-identical logits to the full masked forward pass of the mode check."""
@@ -169,32 +220,95 @@ class FastSensitivityEngine(SensitivityEngine):
         return [chunk for chunk in chunks if chunk]
 
     def _run_chunk(self, chunk: list[Job], baseline: dict, report: EngineReport, bar: tqdm) -> None:
-        """One pass over the data for a chunk of jobs: walk each batch once, run every variant's suffix on it."""
+        """One pass over the data for a chunk of jobs: walk each batch once, run every variant's suffix on it.
+
+        With adaptive precision the pass follows the baseline's random order and a variant stops as soon as its
+        loss is precise enough; the pass ends when every variant of the chunk has stopped.
+        """
         assert self.runner is not None
         runner = self.runner
         by_plan = {id(job.plan): job for job in chunk}
-        schedule = runner.schedule([job.plan for job in chunk])
+        active = list(chunk)
+        schedule = runner.schedule([job.plan for job in active])
         start = time.perf_counter()
         disable = self._progress_disabled()
-        total = getattr(self.batches, "num_samples", None)
+        adaptive = self.settings.precision is not None
+        total = len(self.order) if adaptive else getattr(self.batches, "num_samples", None)
         with tqdm(total=total, desc=f"{len(chunk)} conv(s)", unit="img", disable=disable, leave=False) as inner:
-            for batch_images, batch_labels in self.batches:
-                images = batch_images.to(self.device, non_blocking=True)
-                labels = batch_labels.to(self.device, non_blocking=True)
+            for images, labels, index in self._batches():
 
-                def visit(plan: SuffixPlan, frontier: dict, labels: torch.Tensor = labels) -> None:
+                def visit(plan: SuffixPlan, frontier: dict, labels: torch.Tensor = labels,
+                          index: torch.Tensor | None = index) -> None:  # fmt: skip
                     for variant in by_plan[id(plan)].variants:
+                        if variant.done:
+                            continue
                         with zeroed(variant.slices):
                             logits = runner.run_suffix(plan, frontier)
                         variant.sums.add(logits, labels)
+                        if variant.estimate is not None and index is not None:
+                            variant.estimate.add(self._worse_by(logits, labels, index))
 
                 with torch.inference_mode():
                     runner.walk(images, schedule, visit)
                 inner.update(int(labels.numel()))
+                if adaptive:
+                    for job in active:
+                        for variant in job.variants:
+                            assert variant.estimate is not None and self.settings.precision is not None
+                            variant.done = variant.done or variant.estimate.precise_enough(self.settings.precision)
+                    still = [job for job in active if not all(v.done for v in job.variants)]
+                    if not still:
+                        break
+                    if len(still) < len(active):
+                        active = still
+                        schedule = runner.schedule([job.plan for job in active])
         seconds = time.perf_counter() - start
         variants = sum(len(job.variants) for job in chunk)
         for job in chunk:
             for variant in job.variants:
                 metrics = variant.sums.result().metrics()
-                self._record(job.prepared, variant.ratio, metrics, baseline, seconds / variants, report, bar)
+                estimate = None
+                if variant.estimate is not None:
+                    low, high = variant.estimate.interval()
+                    estimate = {"loss": variant.estimate.loss(), "interval": [low, high],
+                                "samples": variant.estimate.count, "precision": self.settings.precision}  # fmt: skip
+                self._record(job.prepared, variant.ratio, metrics, baseline, seconds / variants, report, bar, estimate)
         logger.debug("Chunk of %d conv(s): %d variants in %.1f s.", len(chunk), variants, seconds)
+
+    def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """The data for one pass: in order, or in the baseline's random order (with image indices) for precision."""
+        if self.settings.precision is not None:
+            yield from ordered_batches(self.batches, self.order)
+            return
+        for images, labels in self.batches:
+            yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True), None
+
+    def _worse_by(self, logits: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Per-image difference to the baseline on the same images, positive when the variant is worse."""
+        metric = self.settings.metric
+        variant = per_sample(logits, labels)[metric]
+        reference = self.per_image[metric][index]
+        return variant - reference if metric in LOWER_IS_BETTER else reference - variant
+
+
+def _count_samples(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> int:
+    count = getattr(batches, "num_samples", None)
+    return int(count) if count is not None else sum(int(labels.numel()) for _, labels in batches)
+
+
+def ordered_batches(
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]], order: torch.Tensor
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Batches of the images at ``order`` with their indices: from an :class:`~analysis.data.EvalLoader` directly,
+    from any other iterable of batches by collecting them in memory first (same batch size as its first batch)."""
+    in_order = getattr(batches, "in_order", None)
+    if in_order is not None:
+        yield from in_order(order.tolist())
+        return
+    pairs = list(batches)
+    images = torch.cat([images for images, _ in pairs])
+    labels = torch.cat([labels for _, labels in pairs])
+    size = len(pairs[0][1])
+    for start in range(0, len(order), size):
+        index = order[start : start + size]
+        yield images[index], labels[index], index

@@ -101,6 +101,8 @@ def run_analysis(
                 "group_reduction": settings.group_reduction,
                 "metric": settings.metric,
                 "metric_mode": settings.metric_mode,
+                # exact and estimated losses never mix in one file
+                "precision": None if settings.precision is None else [settings.precision, settings.seed],
             },
         )
         store = AnalysisStore(analysis_file, fingerprint, [p.name for p in params], overwrite=overwrite, config=config)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
-import engine_models
 import pytest
 import torch
 import torchvision
@@ -20,6 +19,8 @@ from analysis.evaluate import evaluate
 from analysis.groups import find_prunable
 from analysis.physical import pruned_copy
 from analysis.results import load_sensitivities, load_sidecar, ratios_path
+
+import engine_models
 
 
 def randomize(model: nn.Module, seed: int = 0) -> nn.Module:

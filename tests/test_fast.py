@@ -5,11 +5,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import engine_models
 import pytest
 import torch
 import torchvision
-from test_engine import batches, pseudo_labelled, randomize
 from torch import nn
 
 import analysis.partition
@@ -20,7 +18,9 @@ from analysis.groups import find_prunable
 from analysis.models import build_model
 from analysis.results import load_sensitivities, load_sidecar
 
+import engine_models
 from conftest import REPO
+from test_engine import batches, pseudo_labelled, randomize
 
 
 def analyse_both(model: nn.Module, data, tmp_path: Path, **kwargs) -> tuple[dict, dict]:
