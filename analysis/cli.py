@@ -1,4 +1,6 @@
-"""Command line: ``run.py --config_path CFG [flags] [Section.key=value ...]``.
+"""Command line: ``run.py --config_path CFG [flags] [Section.key=value ...]``, plus the subcommands
+``run.py report ANALYSIS_FILE`` (CSV, plots and HTML from an existing analysis file, nothing evaluated) and
+``run.py deps --config_path CFG`` (the model's channel dependency sets).
 
 Exit codes: 0 success, 1 internal error (with traceback), 2 bad input (one sentence, no traceback),
 130 interrupted.
@@ -10,7 +12,8 @@ import argparse
 import dataclasses
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -19,11 +22,12 @@ from analysis.config import Config, describe, load_config
 from analysis.data import apply_data_cache, build_eval_loader
 from analysis.device import resolve_device
 from analysis.engine import EngineSettings, format_metrics
-from analysis.errors import ConfigError, UserError
+from analysis.errors import AnalysisFileError, ConfigError, UserError
 from analysis.evaluate import evaluate
+from analysis.groups import dependency_csv, dependency_sets, not_safe_to_prune
 from analysis.models import build_model, count_outputs
 from analysis.ratios import explain_target_loss
-from analysis.results import sidecar_path
+from analysis.results import CSV_STYLES, atomic_write_text, csv_path, export_csv, sidecar_path
 from analysis.sensitivity import AnalysisOutcome, run_analysis
 from analysis.summary import format_table
 
@@ -48,9 +52,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--target_loss", type=float, help="derive per-layer ratios keeping each loss under this")
     parser.add_argument("--overwrite", action="store_true", help="replace the analysis file instead of resuming it")
+    parser.add_argument("--no_report", action="store_true", help="skip the CSV, plots and HTML report")
     parser.add_argument("--quiet", action="store_true", help="only warnings, errors and the results")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("overrides", nargs="*", metavar="Section.key=value", help="dotted config overrides")
+    return parser
+
+
+def build_report_parser() -> argparse.ArgumentParser:
+    """The parser of ``run.py report``."""
+    parser = argparse.ArgumentParser(
+        prog="run.py report",
+        description="Write the CSV exports, plots and HTML report of an existing analysis file (and its .json "
+        "sidecar) without evaluating anything.",
+    )
+    parser.add_argument("analysis_file", help="analysis pickle, e.g. outputs/demo/digits_resnet/sensitivity.pkl")
+    parser.add_argument("--target_loss", type=float, help="mark the ratios derived for this loss")
+    parser.add_argument("--ratio", type=float, help="ratio of the savings plot (default: the largest analysed)")
+    parser.add_argument("--out_dir", help="where to write (default: next to the analysis file)")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    return parser
+
+
+def build_deps_parser() -> argparse.ArgumentParser:
+    """The parser of ``run.py deps``."""
+    parser = argparse.ArgumentParser(
+        prog="run.py deps",
+        description="Print the model's channel dependency sets (convs whose filters must be removed together) and "
+        "the convs that cannot be pruned, and write the sets as CSV in NNI's format.",
+    )
+    parser.add_argument("--config_path", required=True, help="YAML config; only its model keys are used")
+    parser.add_argument("--output", help="CSV to write (default: dependencies.csv next to the analysis file)")
     parser.add_argument("overrides", nargs="*", metavar="Section.key=value", help="dotted config overrides")
     return parser
 
@@ -143,25 +176,87 @@ def print_outcome(outcome: AnalysisOutcome, config: Config) -> None:
         print(f"ratios as an ACT ChannelPrune block: {outcome.ratios_file}")
 
 
+def write_reports(
+    analysis_file: str | Path,
+    target_loss: float | None = None,
+    ratio: float | None = None,
+    out_dir: str | Path | None = None,
+) -> list[Path]:
+    """Write both CSV exports, the plots and the HTML report of ``analysis_file``; returns the paths written."""
+    from analysis.report import write_report  # matplotlib is imported only when reports are written
+
+    directory = Path(out_dir) if out_dir is not None else Path(analysis_file).parent
+    written = [export_csv(analysis_file, csv_path(directory / Path(analysis_file).name, style), style)
+               for style in CSV_STYLES]  # fmt: skip
+    files = write_report(analysis_file, out_dir=directory, target_loss=target_loss, ratio=ratio)
+    return [*written, files.curves, files.heatmap, files.savings, files.html]
+
+
+def report_main(argv: Sequence[str]) -> int:
+    """``run.py report``: regenerate the CSV, plots and HTML of an existing analysis file."""
+    args = build_report_parser().parse_args(list(argv))
+    setup_logging(args.quiet)
+    if not Path(args.analysis_file).is_file():
+        raise AnalysisFileError(f"Analysis file {args.analysis_file} does not exist; pass the .pkl a run wrote.")
+    for path in write_reports(args.analysis_file, args.target_loss, args.ratio, args.out_dir):
+        if not args.quiet:
+            print(path)
+    return EXIT_OK
+
+
+def deps_main(argv: Sequence[str]) -> int:
+    """``run.py deps``: print and export the channel dependency sets and the convs that cannot be pruned."""
+    args = build_deps_parser().parse_args(list(argv))
+    setup_logging()
+    config = load_config(args.config_path, args.overrides)
+    g = config.Global
+    model = build_model(g)
+    example_input = torch.zeros(1, 3, g.img_size, g.img_size)
+    sets = dependency_sets(model, example_input)
+    unsafe = not_safe_to_prune(model, example_input)
+    assert config.SensitivityAnalysis.analysis_file is not None
+    output = Path(args.output or Path(config.SensitivityAnalysis.analysis_file).with_name("dependencies.csv"))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(output, dependency_csv(sets))
+    for number, members in enumerate(sets, start=1):
+        print(f"Set {number}: {', '.join(members)}")
+    for name, reason in unsafe.items():
+        print(f"not prunable: {name}: {reason}")
+    print(f"{len(sets)} dependency set(s) over {sum(map(len, sets))} conv(s); CSV: {output}")
+    return EXIT_OK
+
+
+SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {"report": report_main, "deps": deps_main}
+
+
+def job_main(argv: Sequence[str]) -> int:
+    """The main job: analysis, ratios, then (unless turned off) CSV, plots and HTML next to the analysis file."""
+    args = parse_args(argv)
+    setup_logging(args.quiet, args.verbose)
+    flags = {
+        "SensitivityAnalysis.analysis_file": args.analysis_file,
+        "SensitivityAnalysis.pruned_ratios": args.pruned_ratios,
+        "SensitivityAnalysis.target_loss": args.target_loss,
+    }
+    config = load_config(args.config_path, args.overrides, flags)
+    logger.info(describe(config))
+    outcome = run_job(config, overwrite=args.overwrite, progress=False if args.quiet else None)
+    print_outcome(outcome, config)
+    if config.SensitivityAnalysis.report and not args.no_report and outcome.sensitivities:
+        written = write_reports(outcome.analysis_file, config.SensitivityAnalysis.target_loss)
+        print(f"report: {written[-1]} (+ CSV and plots beside it)")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code."""
-    argv = sys.argv[1:] if argv is None else argv
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = SUBCOMMANDS.get(argv[0]) if argv else None
     try:
-        args = parse_args(argv)
-        setup_logging(args.quiet, args.verbose)
-        flags = {
-            "SensitivityAnalysis.analysis_file": args.analysis_file,
-            "SensitivityAnalysis.pruned_ratios": args.pruned_ratios,
-            "SensitivityAnalysis.target_loss": args.target_loss,
-        }
-        config = load_config(args.config_path, args.overrides, flags)
-        logger.info(describe(config))
-        outcome = run_job(config, overwrite=args.overwrite, progress=False if args.quiet else None)
-        print_outcome(outcome, config)
+        return command(argv[1:]) if command else job_main(argv)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    return EXIT_OK

@@ -99,6 +99,7 @@ class SensitivityConfig:
     group_reduction: str = "self"
     engine: str = "fast"
     precision: float | None = None
+    report: bool = True
 
 
 @dataclass

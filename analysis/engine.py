@@ -23,6 +23,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from analysis.criteria import CRITERIA, bn_scale, select_channels
 from analysis.errors import UserError
+from analysis.flops import CostModel, cost_summary
 from analysis.groups import PrunableParam, full_group, is_out_channel_item, removal_group
 from analysis.masking import masked
 from analysis.physical import pruned_copy
@@ -73,6 +74,7 @@ class Prepared:
     mode: str
     names: list[str]
     check: ModeCheck
+    costs: dict[float, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -188,10 +190,12 @@ class SensitivityEngine:
         self.settings = settings
         self.store = store
         self.device = example_input.device
+        self.costs = CostModel(model, example_input)  # MACs/params of the dense model and of each pruned variant
 
     def run(self, params: Sequence[PrunableParam]) -> EngineReport:
         """Evaluate every missing (param, ratio) of ``params``; return what was done."""
         baseline = self._baseline()
+        self.store.set_cost(self.costs.dense.as_dict())
         report = EngineReport(baseline=baseline)
         pending = {p.name: [r for r in self.settings.ratios if not self.store.has(p.name, r)] for p in params}
         total = sum(len(v) for v in pending.values())
@@ -282,7 +286,9 @@ class SensitivityEngine:
             "coupled_params": param.coupled_params, "conv_groups": len(param.conv_blocks) or 1, "mode": mode,
             "mask_vs_physical_max_abs_diff": difference,
         })  # fmt: skip
-        return Prepared(param, conv, removal, mode, self._sharing(param), check)
+        dense = self.costs.dense
+        costs = {r: cost_summary(dense, self.costs.variant(self.graph, conv, ch)) for r, ch in removal.items() if ch}
+        return Prepared(param, conv, removal, mode, self._sharing(param), check, costs)
 
     def _record(
         self,
@@ -307,7 +313,7 @@ class SensitivityEngine:
         else:
             loss = float(estimate["loss"])
         details = {**metrics, "channels_removed": len(channels), "channels": param.channels, "mode": prepared.mode,
-                   "seconds": round(seconds, 3), **(estimate or {})}  # fmt: skip
+                   "seconds": round(seconds, 3), **prepared.costs.get(ratio, {}), **(estimate or {})}  # fmt: skip
         self.store.record([n for n in prepared.names if not self.store.has(n, ratio)], ratio, loss, details)
         report.evaluated += 1
         bar.update(1)

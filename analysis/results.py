@@ -1,4 +1,4 @@
-"""Analysis files: the sensitivities pickle, its JSON sidecar and the ratios YAML path, all written atomically.
+"""Analysis files: the sensitivities pickle, its JSON sidecar, the ratios YAML path and CSV exports, all atomic.
 
 The pickle holds PaddleSlim's structure, ``{param name: {ratio: relative loss}}``, so files move freely between
 PaddleSlim and this tool. It is read with a restricted unpickler because an analysis file is data, never code:
@@ -8,6 +8,7 @@ only dicts, strings and numbers (plus the numpy scalars PaddleSlim often writes)
 from __future__ import annotations
 
 import contextlib
+import csv
 import io
 import json
 import logging
@@ -371,3 +372,90 @@ def load_sidecar(analysis_file: str | os.PathLike[str]) -> dict[str, Any] | None
 
 def _refuse_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON number")
+
+
+# ----------------------------------------------------------------------------------------------------------- CSV
+
+CSV_STYLES = ("wide", "long")
+LONG_COLUMNS = ("parameter", "sparsity", "top1", "top5", "loss", "relative_loss", "macs", "params",
+                "macs_reduction", "params_reduction")  # fmt: skip
+
+
+def csv_path(analysis_file: str | os.PathLike[str], style: str) -> Path:
+    """Return the CSV export path of an analysis file: ``s.pkl`` -> ``s.wide.csv`` / ``s.long.csv``."""
+    path = Path(analysis_file)
+    return path.with_name(f"{path.stem}.{style}.csv")
+
+
+def export_csv(
+    analysis_file: str | os.PathLike[str], path: str | os.PathLike[str] | None = None, style: str = "wide"
+) -> Path:
+    """Export an analysis file (and its sidecar) as CSV, atomically; returns the path written.
+
+    ``wide`` is NNI's ``SensitivityAnalysis.export`` format: a header ``layername,<ratio>,...`` and one row per
+    conv (module name) holding the evaluated metric (``top1`` by default) at each ratio; it needs the sidecar.
+    ``long`` is Distiller's ``sensitivities_to_csv`` format, ``parameter,sparsity,top1,top5,loss`` with top1/top5
+    in percent, ``loss`` the cross-entropy and a 0.0 row holding the baseline for each parameter, followed by our
+    ``relative_loss`` (the number in the analysis file) and the variant's MACs and params after physical removal
+    with their reductions (empty when the sidecar lacks them). Parameters follow the file's (model) order and
+    ratios ascend, so equal inputs give byte-identical files.
+
+    Raises:
+        AnalysisFileError: The analysis file or its sidecar cannot be read, or ``wide`` is asked without a sidecar.
+        ValueError: ``style`` is not ``wide`` or ``long``.
+    """
+    if style not in CSV_STYLES:
+        raise ValueError(f"style must be one of {CSV_STYLES}, got {style!r}")
+    sensitivities = load_sensitivities(analysis_file)
+    sidecar = load_sidecar(analysis_file) or {}
+    rows = _wide_rows(analysis_file, sensitivities, sidecar) if style == "wide" else _long_rows(sensitivities, sidecar)
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(rows)
+    target = Path(path) if path is not None else csv_path(analysis_file, style)
+    atomic_write_text(target, buffer.getvalue())
+    return target
+
+
+def _variants(sidecar: Mapping[str, Any], name: str) -> dict[str, Any]:
+    return (sidecar.get("params") or {}).get(name, {}).get("variants") or {}
+
+
+def _wide_rows(analysis_file: str | os.PathLike[str], sensitivities: Sensitivities, sidecar: Mapping[str, Any]
+               ) -> list[list[Any]]:  # fmt: skip
+    if not sidecar:
+        raise AnalysisFileError(
+            f"The wide (NNI) CSV holds metric values, which live in the sidecar {sidecar_path(analysis_file)}; "
+            "it is missing, so export style='long' instead."
+        )
+    metric = ((sidecar.get("fingerprint") or {}).get("settings") or {}).get("metric", "top1")
+    ratios = sorted({ratio for curve in sensitivities.values() for ratio in curve})
+    rows: list[list[Any]] = [["layername", *ratios]]
+    for name, curve in sensitivities.items():
+        variants = _variants(sidecar, name)
+        values = [variants.get(f"{ratio:g}", {}).get(metric, "") if ratio in curve else "" for ratio in ratios]
+        rows.append([name.removesuffix(".weight"), *values])
+    return rows
+
+
+def _long_rows(sensitivities: Sensitivities, sidecar: Mapping[str, Any]) -> list[list[Any]]:
+    baseline = sidecar.get("baseline") or {}
+    dense = sidecar.get("cost") or {}
+    dense_cost = {"macs": dense["macs"], "params": dense["params"], "macs_reduction": 0.0, "params_reduction": 0.0} if (
+        "macs" in dense
+    ) else {}  # fmt: skip
+    rows: list[list[Any]] = [list(LONG_COLUMNS)]
+    for name, curve in sensitivities.items():
+        variants = _variants(sidecar, name)
+        rows.append(_long_row(name, 0.0, baseline, 0.0, dense_cost))
+        for ratio, loss in curve.items():
+            variant = variants.get(f"{ratio:g}", {})
+            rows.append(_long_row(name, ratio, variant, loss, variant))
+    return rows
+
+
+def _long_row(name: str, sparsity: float, metrics: Mapping[str, Any], loss: float, cost: Mapping[str, Any]) -> list:
+    def percent(value: Any) -> Any:
+        return round(100.0 * value, 10) if isinstance(value, (int, float)) else ""
+
+    top1, top5 = percent(metrics.get("top1")), percent(metrics.get("top5"))
+    return [name, sparsity, top1, top5, metrics.get("ce", ""), loss, *(cost.get(key, "") for key in LONG_COLUMNS[6:])]

@@ -126,6 +126,10 @@ class AnalysisStore:
         """Store the baseline metrics (saved with the next unit, or by :meth:`save`)."""
         self.sidecar["baseline"] = dict(metrics)
 
+    def set_cost(self, cost: Mapping[str, Any]) -> None:
+        """Store the dense model's MACs and params (with their counting convention)."""
+        self.sidecar["cost"] = dict(cost)
+
     def describe_param(self, name: str, info: Mapping[str, Any]) -> None:
         """Store static facts about a param (shape, group members, masking mode...)."""
         self.sidecar["params"].setdefault(name, {}).update(info)

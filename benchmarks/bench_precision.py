@@ -34,6 +34,7 @@ from analysis.models import build_model  # noqa: E402
 from analysis.results import load_sensitivities, load_sidecar  # noqa: E402
 
 DIGITS = REPO_ROOT / "datasets" / "digits"
+BUCKETS = ((0.0, 0.01), (0.01, 0.05), (0.05, 0.2), (0.2, float("inf")))
 
 
 def build_set(root: Path, images: int, seed: int) -> Path:
@@ -100,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"intervals containing the exact loss: {covered}/{len(variants)} ({covered / len(variants):.1%})")
     worst = max(abs(sidecar["params"][n]["variants"][f"{r:g}"]["loss"] - exact[n][r]) for n, r, _ in variants)
     print(f"largest |adaptive - exact| loss: {worst:.4f}")
+    print("images used per variant, by the size of its exact loss (large losses need most of the set):")
+    for low, high in BUCKETS:
+        used_here = [v["samples"] for n, r, v in variants if low <= abs(exact[n][r]) < high]
+        if used_here:
+            print(f"  |loss| in [{low:g}, {high:g}): {len(used_here):3d} variants, "
+                  f"mean {sum(used_here) / len(used_here):6.0f} of {loader.num_samples} images")  # fmt: skip
     return 0
 
 

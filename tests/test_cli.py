@@ -310,3 +310,38 @@ def test_full_run_prints_the_table_and_writes_the_files(cli: Cli, tmp_path: Path
     assert "target_loss 0.5: each layer gets the largest ratio" in result.out
     for suffix in ("", ".json", ".ratios.yaml"):
         assert (tmp_path / "out" / f"s.pkl{suffix}").is_file()
+    for name in ("s.wide.csv", "s.long.csv", "s.curves.png", "s.heatmap.png", "s.savings.png", "s.report.html"):
+        assert (tmp_path / "out" / name).stat().st_size > 0, name
+    assert f"report: {tmp_path / 'out' / 's.report.html'}" in result.out
+
+
+def test_no_report_flag_writes_only_the_analysis_files(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    result = cli("--config_path", analysis_config(tmp_path, list_data, "depthwise_cnn", arch_kwargs={}), "--no_report")
+    assert result.code == 0, result.err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["s.pkl", "s.pkl.json"]
+
+
+def test_report_command_reproduces_the_csv_from_a_copied_file(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    path = analysis_config(tmp_path, list_data, "depthwise_cnn", {"pruned_ratios": [0.25, 0.5]}, arch_kwargs={})
+    assert cli("--config_path", path, "--quiet").code == 0
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("s.pkl", "s.pkl.json"):
+        (copy / name).write_bytes((tmp_path / "out" / name).read_bytes())
+    result = cli("report", copy / "s.pkl", "--target_loss", "0.1")
+    assert result.code == 0, result.err
+    for name in ("s.wide.csv", "s.long.csv"):
+        assert (copy / name).read_bytes() == (tmp_path / "out" / name).read_bytes(), name
+    assert str(copy / "s.report.html") in result.out.splitlines()
+    assert_user_error(cli("report", tmp_path / "missing.pkl"), r"Analysis file .*missing.pkl does not exist")
+
+
+def test_deps_command_prints_and_exports_the_sets(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    path = analysis_config(tmp_path, list_data, "depthwise_cnn", arch_kwargs={})
+    result = cli("deps", "--config_path", path, "--output", tmp_path / "deps.csv")
+    assert result.code == 0, result.err
+    csv_lines = (tmp_path / "deps.csv").read_text().splitlines()
+    assert csv_lines[0] == "Dependency Set,Convolutional Layers"
+    assert csv_lines[1] == "Set 1,0,3"  # the depthwise conv 3 goes with the conv feeding it
+    assert "Set 1: 0, 3" in result.out and "not prunable: 3: depthwise conv" in result.out
+    assert not (tmp_path / "out").exists()  # nothing evaluated, no analysis file

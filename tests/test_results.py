@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import pickle
@@ -15,6 +16,8 @@ from analysis.errors import AnalysisFileError
 from analysis.results import (
     atomic_write_bytes,
     atomic_write_text,
+    csv_path,
+    export_csv,
     load_sensitivities,
     load_sidecar,
     merge_sensitive,
@@ -402,3 +405,68 @@ def test_sidecar_is_replaced_atomically(tmp_path: Path) -> None:
     save_sidecar(tmp_path / "s.pkl", {"run": 2})
     assert json.loads((tmp_path / "s.pkl.json").read_text()) == {"run": 2}
     assert leftovers(tmp_path, {"s.pkl.json"}) == []
+
+
+def analysed_file(directory: Path, with_cost: bool = True) -> Path:
+    """A two-conv analysis file whose second conv lacks ratio 0.4, with a sidecar in the engine's format."""
+    path = directory / "s.pkl"
+    save_sensitivities(path, {"b.weight": {0.2: 0.1, 0.4: 0.3}, "a.weight": {0.2: -0.05}})
+
+    def variant(loss: float, top1: float, macs: int) -> dict:
+        cost = {"macs": macs, "params": macs // 10, "macs_reduction": 1 - macs / 1000, "params_reduction": 0.5}
+        return {"loss": loss, "top1": top1, "top5": 1.0, "ce": 0.7, "images": 50, **(cost if with_cost else {})}
+
+    sidecar = {
+        "fingerprint": {"settings": {"metric": "top1"}},
+        "baseline": {"top1": 0.8, "top5": 1.0, "ce": 0.5, "images": 50},
+        "params": {
+            "b.weight": {"variants": {"0.2": variant(0.1, 0.72, 900), "0.4": variant(0.3, 0.56, 700)}},
+            "a.weight": {"variants": {"0.2": variant(-0.05, 0.84, 950)}},
+        },
+    }
+    if with_cost:
+        sidecar["cost"] = {"convention": "MACs", "macs": 1000, "params": 100}
+    save_sidecar(path, sidecar)
+    return path
+
+
+def read_rows(path: Path) -> list[list[str]]:
+    with path.open(newline="") as handle:
+        return list(csv.reader(handle))
+
+
+def test_wide_csv_is_nni_format_with_metric_values(tmp_path: Path) -> None:
+    written = export_csv(analysed_file(tmp_path), style="wide")
+    assert written == csv_path(tmp_path / "s.pkl", "wide") == tmp_path / "s.wide.csv"
+    # the file's (model) order, module names, metric values; a ratio the conv lacks stays empty
+    assert read_rows(written) == [["layername", "0.2", "0.4"], ["b", "0.72", "0.56"], ["a", "0.84", ""]]
+
+
+def test_long_csv_is_distiller_format_plus_relative_loss_and_macs(tmp_path: Path) -> None:
+    rows = read_rows(export_csv(analysed_file(tmp_path), tmp_path / "long.csv", style="long"))
+    assert rows[0] == ["parameter", "sparsity", "top1", "top5", "loss", "relative_loss", "macs", "params",
+                       "macs_reduction", "params_reduction"]  # fmt: skip
+    assert rows[1] == ["b.weight", "0.0", "80.0", "100.0", "0.5", "0.0", "1000", "100", "0.0", "0.0"]  # baseline
+    assert rows[3] == ["b.weight", "0.4", "56.0", "100.0", "0.7", "0.3", "700", "70", "0.30000000000000004", "0.5"]
+    assert [row[:2] for row in rows[1:]] == [["b.weight", "0.0"], ["b.weight", "0.2"], ["b.weight", "0.4"],
+                                             ["a.weight", "0.0"], ["a.weight", "0.2"]]  # fmt: skip
+    assert rows[5][5] == "-0.05"  # the analysis file's number, negative losses kept
+
+
+def test_csv_without_costs_or_sidecar(tmp_path: Path) -> None:
+    path = analysed_file(tmp_path, with_cost=False)
+    assert read_rows(export_csv(path, style="long"))[1][6:] == ["", "", "", ""]
+    sidecar_path(path).unlink()
+    rows = read_rows(export_csv(path, style="long"))
+    assert rows[2] == ["b.weight", "0.2", "", "", "", "0.1", "", "", "", ""]
+    with pytest.raises(AnalysisFileError, match=r"s.pkl.json.*export style='long' instead"):
+        export_csv(path, style="wide")
+    with pytest.raises(ValueError, match="style must be one of"):
+        export_csv(path, style="tall")
+
+
+def test_csv_export_is_byte_stable(tmp_path: Path) -> None:
+    path = analysed_file(tmp_path)
+    first = export_csv(path, tmp_path / "one.csv", style="long").read_bytes()
+    assert export_csv(path, tmp_path / "two.csv", style="long").read_bytes() == first
+    assert b"\r" not in first and first.endswith(b"\n")
