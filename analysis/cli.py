@@ -1,9 +1,8 @@
-"""Command line: ``run.py --config_path CFG [flags] [Section.key=value ...]``, plus the subcommands
-``run.py report ANALYSIS_FILE`` (CSV, plots and HTML from an existing analysis file, nothing evaluated) and
-``run.py deps --config_path CFG`` (the model's channel dependency sets).
+"""Command line: ``run.py --config_path CFG [flags] [Section.key=value ...]``, plus the subcommands of
+:mod:`analysis.commands` (``report``, ``merge``, ``deps``).
 
 Exit codes: 0 success, 1 internal error (with traceback), 2 bad input (one sentence, no traceback),
-130 interrupted.
+130 interrupted (SIGINT/Ctrl-C), 143 terminated (SIGTERM); finished results are saved either way.
 """
 
 from __future__ import annotations
@@ -11,29 +10,42 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from analysis import __version__
+from analysis.commands import SUBCOMMANDS, write_reports
 from analysis.config import Config, describe, load_config
-from analysis.data import apply_data_cache, build_eval_loader
+from analysis.data import EvalLoader, apply_data_cache, build_eval_loader
 from analysis.device import resolve_device
+from analysis.distributed import (
+    Rank,
+    fold_local_shards,
+    from_environment,
+    process_group,
+    rank_device,
+    run_ranks,
+)
 from analysis.engine import EngineSettings, format_metrics
-from analysis.errors import AnalysisFileError, ConfigError, UserError
+from analysis.errors import ConfigError, UserError
 from analysis.evaluate import evaluate
-from analysis.groups import dependency_csv, dependency_sets, not_safe_to_prune
+from analysis.logs import setup_logging
 from analysis.models import build_model, count_outputs
 from analysis.ratios import explain_target_loss
-from analysis.results import CSV_STYLES, atomic_write_text, csv_path, export_csv, sidecar_path
-from analysis.sensitivity import AnalysisOutcome, run_analysis
+from analysis.results import sidecar_path
+from analysis.sensitivity import AnalysisOutcome, derive_ratios, run_analysis
+from analysis.shards import ShardSpec
 from analysis.summary import format_table
 
 logger = logging.getLogger("analysis")
 
-EXIT_OK, EXIT_USER_ERROR, EXIT_INTERRUPTED = 0, 2, 130
+EXIT_OK, EXIT_USER_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 2, 130, 143
 EXAMPLE_BATCH = 32  # images used to trace the model and to check masking against physical pruning
 
 
@@ -53,37 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target_loss", type=float, help="derive per-layer ratios keeping each loss under this")
     parser.add_argument("--overwrite", action="store_true", help="replace the analysis file instead of resuming it")
     parser.add_argument("--no_report", action="store_true", help="skip the CSV, plots and HTML report")
+    parser.add_argument("--shard", metavar="I/N", help="analyse only the I-th of N deterministic shares of the convs "
+                        "into <analysis_file stem>.shardIofN.pkl (merge them with run.py merge)")  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="only warnings, errors and the results")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("overrides", nargs="*", metavar="Section.key=value", help="dotted config overrides")
-    return parser
-
-
-def build_report_parser() -> argparse.ArgumentParser:
-    """The parser of ``run.py report``."""
-    parser = argparse.ArgumentParser(
-        prog="run.py report",
-        description="Write the CSV exports, plots and HTML report of an existing analysis file (and its .json "
-        "sidecar) without evaluating anything.",
-    )
-    parser.add_argument("analysis_file", help="analysis pickle, e.g. outputs/demo/digits_resnet/sensitivity.pkl")
-    parser.add_argument("--target_loss", type=float, help="mark the ratios derived for this loss")
-    parser.add_argument("--ratio", type=float, help="ratio of the savings plot (default: the largest analysed)")
-    parser.add_argument("--out_dir", help="where to write (default: next to the analysis file)")
-    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    return parser
-
-
-def build_deps_parser() -> argparse.ArgumentParser:
-    """The parser of ``run.py deps``."""
-    parser = argparse.ArgumentParser(
-        prog="run.py deps",
-        description="Print the model's channel dependency sets (convs whose filters must be removed together) and "
-        "the convs that cannot be pruned, and write the sets as CSV in NNI's format.",
-    )
-    parser.add_argument("--config_path", required=True, help="YAML config; only its model keys are used")
-    parser.add_argument("--output", help="CSV to write (default: dependencies.csv next to the analysis file)")
     parser.add_argument("overrides", nargs="*", metavar="Section.key=value", help="dotted config overrides")
     return parser
 
@@ -105,25 +91,18 @@ def _parse_ratio(token: str) -> float:
         raise ConfigError(f"--pruned_ratios: '{token}' is not a number; pass ratios like 0.1 0.2 0.3.") from None
 
 
-def setup_logging(quiet: bool = False, verbose: bool = False) -> None:
-    """Log to stderr: plain messages, warnings and errors prefixed with their level."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_PlainFormatter())
-    root = logging.getLogger("analysis")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
-    root.propagate = False
+@dataclass
+class Inputs:
+    """The model and the data of a job, built once (a torchrun rank analyses twice with them)."""
+
+    model: torch.nn.Module
+    loader: EvalLoader
+    example_input: torch.Tensor
 
 
-class _PlainFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        message = super().format(record)
-        return message if record.levelno < logging.WARNING else f"{record.levelname.lower()}: {message}"
-
-
-def run_job(config: Config, overwrite: bool = False, progress: bool | None = None) -> AnalysisOutcome:
-    """The main job: build model and data from ``config``, run the sensitivity analysis, derive ratios."""
-    g, s = config.Global, config.SensitivityAnalysis
+def build_inputs(config: Config, progress: bool | None = None) -> Inputs:
+    """Build the model and the evaluation data of ``config`` (decoded into RAM when the cache allows)."""
+    g = config.Global
     device = resolve_device(g.device)
     torch.manual_seed(g.seed)
     loader = build_eval_loader(g, device)
@@ -131,7 +110,23 @@ def run_job(config: Config, overwrite: bool = False, progress: bool | None = Non
     model = build_model(g).to(device)
     loader.check_labels(count_outputs(model, g.img_size, device))
     apply_data_cache(loader, g.data_cache, g.cache_max_gb, progress)
-    example_input = next(iter(loader))[0][:EXAMPLE_BATCH]
+    return Inputs(model, loader, next(iter(loader))[0][:EXAMPLE_BATCH])
+
+
+def run_job(
+    config: Config,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    shard: ShardSpec | None = None,
+    analysis_file: str | Path | None = None,
+    baseline_only: bool = False,
+    inputs: Inputs | None = None,
+) -> AnalysisOutcome:
+    """The main job: build model and data from ``config`` (unless given), run the sensitivity analysis, derive
+    ratios (or, for a shard, analyse its share of the convs into ``analysis_file``, by default the shard's file)."""
+    g, s = config.Global, config.SensitivityAnalysis
+    inputs = inputs or build_inputs(config, progress)
+    model, loader, example_input = inputs.model, inputs.loader, inputs.example_input
 
     def evaluate_model(candidate: torch.nn.Module) -> dict[str, float]:
         return evaluate(candidate, loader, progress=progress, desc="eval").metrics()
@@ -152,15 +147,17 @@ def run_job(config: Config, overwrite: bool = False, progress: bool | None = Non
         model,
         evaluate_model,
         example_input,
-        s.analysis_file,
+        analysis_file or (shard.path(s.analysis_file) if shard else s.analysis_file),
         settings,
         prune_params=s.prune_params_name,
         skip_params=s.skip_params,
-        target_loss=s.target_loss,
+        target_loss=None if shard or baseline_only else s.target_loss,
         data_fingerprint=loader.fingerprint(),
         config=dataclasses.asdict(config),
         overwrite=overwrite,
         batches=loader,
+        shard=shard,
+        baseline_only=baseline_only,
     )
 
 
@@ -176,59 +173,6 @@ def print_outcome(outcome: AnalysisOutcome, config: Config) -> None:
         print(f"ratios as an ACT ChannelPrune block: {outcome.ratios_file}")
 
 
-def write_reports(
-    analysis_file: str | Path,
-    target_loss: float | None = None,
-    ratio: float | None = None,
-    out_dir: str | Path | None = None,
-) -> list[Path]:
-    """Write both CSV exports, the plots and the HTML report of ``analysis_file``; returns the paths written."""
-    from analysis.report import write_report  # matplotlib is imported only when reports are written
-
-    directory = Path(out_dir) if out_dir is not None else Path(analysis_file).parent
-    written = [export_csv(analysis_file, csv_path(directory / Path(analysis_file).name, style), style)
-               for style in CSV_STYLES]  # fmt: skip
-    files = write_report(analysis_file, out_dir=directory, target_loss=target_loss, ratio=ratio)
-    return [*written, files.curves, files.heatmap, files.savings, files.html]
-
-
-def report_main(argv: Sequence[str]) -> int:
-    """``run.py report``: regenerate the CSV, plots and HTML of an existing analysis file."""
-    args = build_report_parser().parse_args(list(argv))
-    setup_logging(args.quiet)
-    if not Path(args.analysis_file).is_file():
-        raise AnalysisFileError(f"Analysis file {args.analysis_file} does not exist; pass the .pkl a run wrote.")
-    for path in write_reports(args.analysis_file, args.target_loss, args.ratio, args.out_dir):
-        if not args.quiet:
-            print(path)
-    return EXIT_OK
-
-
-def deps_main(argv: Sequence[str]) -> int:
-    """``run.py deps``: print and export the channel dependency sets and the convs that cannot be pruned."""
-    args = build_deps_parser().parse_args(list(argv))
-    setup_logging()
-    config = load_config(args.config_path, args.overrides)
-    g = config.Global
-    model = build_model(g)
-    example_input = torch.zeros(1, 3, g.img_size, g.img_size)
-    sets = dependency_sets(model, example_input)
-    unsafe = not_safe_to_prune(model, example_input)
-    assert config.SensitivityAnalysis.analysis_file is not None
-    output = Path(args.output or Path(config.SensitivityAnalysis.analysis_file).with_name("dependencies.csv"))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(output, dependency_csv(sets))
-    for number, members in enumerate(sets, start=1):
-        print(f"Set {number}: {', '.join(members)}")
-    for name, reason in unsafe.items():
-        print(f"not prunable: {name}: {reason}")
-    print(f"{len(sets)} dependency set(s) over {sum(map(len, sets))} conv(s); CSV: {output}")
-    return EXIT_OK
-
-
-SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {"report": report_main, "deps": deps_main}
-
-
 def job_main(argv: Sequence[str]) -> int:
     """The main job: analysis, ratios, then (unless turned off) CSV, plots and HTML next to the analysis file."""
     args = parse_args(argv)
@@ -238,25 +182,99 @@ def job_main(argv: Sequence[str]) -> int:
         "SensitivityAnalysis.pruned_ratios": args.pruned_ratios,
         "SensitivityAnalysis.target_loss": args.target_loss,
     }
+    shard = ShardSpec.parse(args.shard) if args.shard else None
     config = load_config(args.config_path, args.overrides, flags)
+    rank = from_environment()
+    if rank is not None:
+        if shard is not None:
+            raise ConfigError("--shard splits work by hand; under torchrun the ranks split it: drop --shard.")
+        return torchrun_job(config, args, rank)
     logger.info(describe(config))
-    outcome = run_job(config, overwrite=args.overwrite, progress=False if args.quiet else None)
+    if shard is None:
+        assert config.SensitivityAnalysis.analysis_file is not None
+        fold_local_shards(config.SensitivityAnalysis.analysis_file, discard=args.overwrite)
+    outcome = run_job(config, overwrite=args.overwrite, progress=False if args.quiet else None, shard=shard)
     print_outcome(outcome, config)
-    if config.SensitivityAnalysis.report and not args.no_report and outcome.sensitivities:
-        written = write_reports(outcome.analysis_file, config.SensitivityAnalysis.target_loss)
-        print(f"report: {written[-1]} (+ CSV and plots beside it)")
+    if shard is not None:
+        assert config.SensitivityAnalysis.analysis_file is not None
+        main_file = config.SensitivityAnalysis.analysis_file
+        others = " ".join(str(ShardSpec(i, shard.count).path(main_file)) for i in range(1, shard.count + 1))
+        print(f"shard {shard.index}/{shard.count}: {len(outcome.analysed)} conv(s) in {outcome.analysis_file}; once "
+              f"every shard is done: python run.py merge {main_file} {others}")  # fmt: skip
+        return EXIT_OK
+    finish(outcome, config, args)
     return EXIT_OK
 
 
+def finish(outcome: AnalysisOutcome, config: Config, args: argparse.Namespace) -> None:
+    """Write the CSV, plots and HTML report of a finished job (unless turned off)."""
+    if config.SensitivityAnalysis.report and not args.no_report and outcome.sensitivities:
+        written = write_reports(outcome.analysis_file, config.SensitivityAnalysis.target_loss)
+        print(f"report: {written[-1]} (+ CSV and plots beside it)")
+
+
+def torchrun_job(config: Config, args: argparse.Namespace, rank: Rank) -> int:
+    """The main job as one rank of a torchrun job (see :mod:`analysis.distributed`); rank 0 prints and reports."""
+    g, s = config.Global, config.SensitivityAnalysis
+    assert s.analysis_file is not None
+    g.device = rank_device(g.device, rank)
+    if not rank.leader and not args.verbose:
+        setup_logging(quiet=True)
+    if rank.leader:
+        logger.info("%s\ntorchrun: %d ranks, this is rank 0 on %s", describe(config), rank.world_size, g.device)
+    baseline: list[AnalysisOutcome] = []
+    inputs = build_inputs(config, progress=False)
+
+    def analyse(analysis_file: Path, shard: ShardSpec | None, baseline_only: bool, progress: bool) -> int:
+        outcome = run_job(config, progress=progress, shard=shard, analysis_file=analysis_file,
+                          baseline_only=baseline_only, inputs=inputs)  # fmt: skip
+        baseline.extend([outcome] if baseline_only else [])
+        return len(outcome.analysed) * len(s.pruned_ratios)
+
+    with process_group(resolve_device(g.device)):
+        merged = run_ranks(s.analysis_file, rank, analyse, overwrite=args.overwrite)
+    if merged is None:
+        return EXIT_OK
+    outcome = baseline[0]
+    outcome.sensitivities = merged
+    if s.target_loss is not None:
+        derive_ratios(outcome, s.target_loss, s.criterion)
+    print_outcome(outcome, config)
+    finish(outcome, config, args)
+    return EXIT_OK
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an exception so that the run stops the way Ctrl-C stops it."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI and return its exit code."""
+    """Run the CLI and return its exit code.
+
+    SIGINT and SIGTERM abandon the variant being evaluated: every finished one is already saved (atomically, after
+    each), so rerunning the same command resumes where it stopped.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     command = SUBCOMMANDS.get(argv[0]) if argv else None
+    previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
     try:
         return command(argv[1:]) if command else job_main(argv)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as interrupt:
+        terminated = isinstance(interrupt, Terminated)
+        print(f"{'terminated' if terminated else 'interrupted'}: every finished (param, ratio) is saved; run the same "
+              "command again to resume.", file=sys.stderr)  # fmt: skip
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

@@ -200,7 +200,8 @@ class SensitivityEngine:
         pending = {p.name: [r for r in self.settings.ratios if not self.store.has(p.name, r)] for p in params}
         total = sum(len(v) for v in pending.values())
         if total == 0:
-            logger.info("Nothing to evaluate: every (param, ratio) is already in %s.", self.store.path)
+            if params:
+                logger.info("Nothing to evaluate: every (param, ratio) is already in %s.", self.store.path)
             return report
         logger.info("Evaluating %d variant(s) of %d conv weight(s).", total, sum(bool(v) for v in pending.values()))
         disable = self._progress_disabled()

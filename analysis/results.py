@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import glob
 import io
 import json
 import logging
@@ -78,6 +79,18 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             os.unlink(temp)
         raise
     _fsync_directory(target.parent)
+
+
+def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[Path]:
+    """Delete the temporary files a killed :func:`atomic_write_bytes` of ``path`` left behind; returns them.
+
+    Only safe while holding the file's lock (no live writer can own them)."""
+    target = Path(path)
+    stale = sorted(target.parent.glob(f".{glob.escape(target.name)}.*.tmp"))
+    for temp in stale:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+    return stale
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -19,6 +19,7 @@ from torch import nn
 from analysis.engine import EngineReport, EngineSettings, Evaluator, SensitivityEngine
 from analysis.fast import FastSensitivityEngine
 from analysis.fingerprint import model_fingerprint
+from analysis.flops import CostModel
 from analysis.groups import (
     PrunableParam,
     build_dependency_graph,
@@ -27,8 +28,10 @@ from analysis.groups import (
     eval_mode,
     select_params,
 )
+from analysis.lock import exclusive
 from analysis.ratios import get_ratios_by_loss, save_ratios_yaml
 from analysis.results import Sensitivities, ratios_path
+from analysis.shards import ShardSpec, shard_params
 from analysis.store import AnalysisStore, Fingerprint
 
 logger = logging.getLogger(__name__)
@@ -69,6 +72,8 @@ def run_analysis(
     names_key: str = "SensitivityAnalysis.prune_params_name",
     skip_key: str = "SensitivityAnalysis.skip_params",
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    shard: ShardSpec | None = None,
+    baseline_only: bool = False,
 ) -> AnalysisOutcome:
     """Analyse ``model`` and write the analysis file (resuming it), its sidecar and, with ``target_loss``, ratios.
 
@@ -88,11 +93,16 @@ def run_analysis(
         skip_key: How to name ``skip_params`` in error messages.
         batches: The evaluation data as re-iterable batches, which the fast engine needs (``evaluate`` must compute
             its metrics over exactly these batches); without them the reference engine runs.
+        shard: Analyse only this deterministic share of the params (see :mod:`analysis.shards`).
+        baseline_only: Measure (or reuse) the baseline and save the file, evaluating no variant.
     """
-    with eval_mode(model):  # restores each module's training flag afterwards
+    with eval_mode(model), exclusive(analysis_file):  # training flags restored; one writer per analysis file
         graph = build_dependency_graph(model, example_input)
-        params = describe_convs(model, graph, conv_execution_order(model, example_input))
+        order = conv_execution_order(model, example_input)
+        params = describe_convs(model, graph, order)
         analysed = select_params(params, prune_params, skip_params, key=names_key, skip_key=skip_key)
+        if shard is not None:
+            analysed = shard_params(analysed, CostModel(model, example_input).dense.per_module, order, shard)
         fingerprint = Fingerprint(
             model=model_fingerprint(model),
             data=data_fingerprint,
@@ -118,7 +128,7 @@ def run_analysis(
             settings.criterion,
         )
         engine = make_engine(model, evaluate, example_input, graph, settings, store, batches)
-        report = engine.run(analysed)
+        report = engine.run([] if baseline_only else analysed)
         store.save()  # also when nothing was evaluated: the sidecar then records the baseline and every reason
         outcome = AnalysisOutcome(Path(analysis_file), store.ordered(), params, analysed, report)
         if target_loss is not None:

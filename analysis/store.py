@@ -22,6 +22,7 @@ from analysis.results import (
     load_sensitivities,
     load_sidecar,
     normalise_ratio,
+    remove_stale_temporaries,
     save_sensitivities,
     save_sidecar,
     sidecar_path,
@@ -34,7 +35,7 @@ logger = logging.getLogger(__name__)
 class Fingerprint:
     """What an analysis file's numbers depend on; a resumed run must match every part that is known."""
 
-    model: str
+    model: str | None
     data: str | None
     settings: dict[str, Any] = field(default_factory=dict)
 
@@ -66,6 +67,9 @@ class AnalysisStore:
         self.path = Path(path)
         self.fingerprint = fingerprint
         self.model_order = list(model_order)
+        for path in (self.path, sidecar_path(self.path)):
+            for temp in remove_stale_temporaries(path):
+                logger.info("Removed %s, left by an interrupted save.", temp.name)
         self.sensitivities: Sensitivities = {} if overwrite else load_sensitivities(self.path)
         sidecar = None if overwrite else load_sidecar(self.path)
         if sidecar is not None:
@@ -84,6 +88,7 @@ class AnalysisStore:
         )
         self.sidecar.setdefault("params", {})
         self.sidecar.setdefault("unprunable", {})
+        self.sidecar["model_order"] = self.model_order  # lets merging files restore model order without the model
         self.foreign_names = [name for name in self.sensitivities if name not in set(self.model_order)]
         if self.foreign_names:
             logger.warning(
@@ -147,6 +152,24 @@ class AnalysisStore:
             variants = self.sidecar["params"].setdefault(name, {}).setdefault("variants", {})
             variants[f"{key:g}"] = {"loss": float(loss), **details}
         self.save()
+
+    def absorb(self, sensitivities: Mapping[str, Mapping[float, float]], sidecar: Mapping[str, Any]) -> None:
+        """Take in another file's results of the same analysis (a shard); its values win for the same pairs.
+
+        Nothing is saved until :meth:`save`.
+        """
+        for name, curve in sensitivities.items():
+            self.sensitivities.setdefault(name, {}).update({normalise_ratio(r): float(v) for r, v in curve.items()})
+            if name not in self.model_order and name not in self.foreign_names:
+                self.foreign_names.append(name)
+        for name, info in (sidecar.get("params") or {}).items():
+            mine = self.sidecar["params"].setdefault(name, {})
+            variants = {**(mine.get("variants") or {}), **(info.get("variants") or {})}
+            mine.update({**info, "variants": variants})
+        self.sidecar["unprunable"].update(sidecar.get("unprunable") or {})
+        for key in ("baseline", "cost"):
+            if key not in self.sidecar and key in sidecar:
+                self.sidecar[key] = sidecar[key]
 
     def ordered(self) -> Sensitivities:
         """The sensitivities in canonical order: model order first, then names the model lacks."""
