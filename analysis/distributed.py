@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from analysis.errors import UserError
 from analysis.lock import exclusive
@@ -158,14 +159,16 @@ def run_ranks(
     stop = threading.Event()
     monitor = _start_progress(main, stop, total) if rank.leader else None
     try:
-        analyse(analysis_file=mine, shard=rank.shard, baseline_only=False, progress=False)
+        with logging_redirect_tqdm(loggers=[logging.getLogger("analysis")]):  # log lines above rank 0's bar
+            analyse(analysis_file=mine, shard=rank.shard, baseline_only=False, progress=False)
     except UserError as caught:
         error = caught
+    try:
+        agree(error)  # every rank has finished its share; rank 0's bar counts until then
     finally:
         stop.set()
         if monitor is not None:
             monitor.join()
-    agree(error)
 
     shards = _gather([_load(mine)])
     merged = None
