@@ -17,8 +17,10 @@ from analysis.config import (
     METRIC_MODES,
     METRICS,
     check_choice,
+    check_granularity,
     normalise_ratios,
 )
+from analysis.early_stop import early_stop_from
 from analysis.engine import EngineSettings
 from analysis.errors import ConfigError
 from analysis.evaluate import evaluate
@@ -49,6 +51,9 @@ def analysis_prune(
     engine: str = "fast",
     precision: float | None = None,
     seed: int = 0,
+    granularity: str = "filter",
+    early_stop_mode: str | None = None,
+    early_stop_value: float | None = None,
 ) -> dict[str, float]:
     """Filter-pruning sensitivity of every prunable conv of ``model``; writes the same files as ``run.py``.
 
@@ -72,6 +77,11 @@ def analysis_prune(
         precision: Adaptive precision (fast engine, batches only): evaluate each variant on a random order of the
             images (seeded by ``seed``) and stop once its loss is known within +-precision at 95% confidence.
         seed: Seed of that order.
+        granularity: ``filter`` (remove conv filters with their group) or ``element`` (zero the smallest-magnitude
+            elements of each 2D/4D weight, linear layers included; ``prune_params`` then names any such weight).
+        early_stop_mode: ``minimize``, ``maximize``, ``dropped`` or ``raised`` (NNI's modes, on the raw metric): the
+            ratio that trips it is recorded and the param's larger ratios are skipped.
+        early_stop_value: The threshold or allowed change for ``early_stop_mode``.
 
     Returns:
         ``{param name: ratio}`` derived with ``target_loss`` (PaddleSlim's rule), or ``{}`` without one.
@@ -84,6 +94,8 @@ def analysis_prune(
     check_choice("group_reduction", group_reduction, GROUP_REDUCTIONS)
     check_choice("metric_mode", metric_mode, METRIC_MODES)
     check_choice("engine", engine, ENGINES)
+    check_granularity(granularity, criterion)
+    early_stop = early_stop_from(early_stop_mode, early_stop_value)
     if precision is not None and not (0.0 < precision < 1.0 and engine == "fast"):
         raise ConfigError(f"precision must be between 0 and 1 and needs engine='fast', got {precision} with {engine}.")
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -105,8 +117,9 @@ def analysis_prune(
         example_input = first_images if example_input is None else example_input
         fingerprint = _batch_fingerprint(first_images, first_labels)
     settings = EngineSettings(
-        ratios, criterion, group_reduction, metric, metric_mode, progress, engine, precision, seed
-    )
+        ratios, criterion, group_reduction, metric, metric_mode, progress, engine, precision, seed, granularity,
+        early_stop,
+    )  # fmt: skip
     outcome = run_analysis(
         model,
         evaluate_model,
@@ -122,7 +135,7 @@ def analysis_prune(
         names_key="prune_params",
         skip_key="skip_params",
     )
-    if target_loss is not None:
+    if target_loss is not None and outcome.ratios_file is not None:
         logger.info("%s Ratios: %s", explain_target_loss(target_loss), outcome.ratios_file)
     return outcome.ratios
 

@@ -8,21 +8,16 @@ Exit codes: 0 success, 1 internal error (with traceback), 2 bad input (one sente
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import signal
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from analysis import __version__
 from analysis.commands import SUBCOMMANDS, write_reports
 from analysis.config import Config, describe, load_config
-from analysis.data import EvalLoader, apply_data_cache, build_eval_loader
 from analysis.device import resolve_device
 from analysis.distributed import (
     Rank,
@@ -32,21 +27,20 @@ from analysis.distributed import (
     rank_device,
     run_ranks,
 )
-from analysis.engine import EngineSettings, format_metrics
+from analysis.engine import format_metrics
 from analysis.errors import ConfigError, UserError
-from analysis.evaluate import evaluate
+from analysis.job import build_inputs, run_job
 from analysis.logs import setup_logging
-from analysis.models import build_model, count_outputs
+from analysis.planning import PLAN_COMMANDS, format_plan, run_plan_step, wants_plan_step
 from analysis.ratios import explain_target_loss
 from analysis.results import sidecar_path
-from analysis.sensitivity import AnalysisOutcome, derive_ratios, run_analysis
+from analysis.sensitivity import AnalysisOutcome, derive_ratios
 from analysis.shards import ShardSpec
 from analysis.summary import format_table
 
 logger = logging.getLogger("analysis")
 
 EXIT_OK, EXIT_USER_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 2, 130, 143
-EXAMPLE_BATCH = 32  # images used to trace the model and to check masking against physical pruning
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,76 +85,6 @@ def _parse_ratio(token: str) -> float:
         raise ConfigError(f"--pruned_ratios: '{token}' is not a number; pass ratios like 0.1 0.2 0.3.") from None
 
 
-@dataclass
-class Inputs:
-    """The model and the data of a job, built once (a torchrun rank analyses twice with them)."""
-
-    model: torch.nn.Module
-    loader: EvalLoader
-    example_input: torch.Tensor
-
-
-def build_inputs(config: Config, progress: bool | None = None) -> Inputs:
-    """Build the model and the evaluation data of ``config`` (decoded into RAM when the cache allows)."""
-    g = config.Global
-    device = resolve_device(g.device)
-    torch.manual_seed(g.seed)
-    loader = build_eval_loader(g, device)
-    logger.info("data: %s, %d images", loader.layout, loader.num_samples)
-    model = build_model(g).to(device)
-    loader.check_labels(count_outputs(model, g.img_size, device))
-    apply_data_cache(loader, g.data_cache, g.cache_max_gb, progress)
-    return Inputs(model, loader, next(iter(loader))[0][:EXAMPLE_BATCH])
-
-
-def run_job(
-    config: Config,
-    overwrite: bool = False,
-    progress: bool | None = None,
-    shard: ShardSpec | None = None,
-    analysis_file: str | Path | None = None,
-    baseline_only: bool = False,
-    inputs: Inputs | None = None,
-) -> AnalysisOutcome:
-    """The main job: build model and data from ``config`` (unless given), run the sensitivity analysis, derive
-    ratios (or, for a shard, analyse its share of the convs into ``analysis_file``, by default the shard's file)."""
-    g, s = config.Global, config.SensitivityAnalysis
-    inputs = inputs or build_inputs(config, progress)
-    model, loader, example_input = inputs.model, inputs.loader, inputs.example_input
-
-    def evaluate_model(candidate: torch.nn.Module) -> dict[str, float]:
-        return evaluate(candidate, loader, progress=progress, desc="eval").metrics()
-
-    settings = EngineSettings(
-        ratios=s.pruned_ratios,
-        criterion=s.criterion,
-        group_reduction=s.group_reduction,
-        metric=s.metric,
-        metric_mode=s.metric_mode,
-        progress=progress,
-        engine=s.engine,
-        precision=s.precision,
-        seed=g.seed,
-    )
-    assert s.analysis_file is not None
-    return run_analysis(
-        model,
-        evaluate_model,
-        example_input,
-        analysis_file or (shard.path(s.analysis_file) if shard else s.analysis_file),
-        settings,
-        prune_params=s.prune_params_name,
-        skip_params=s.skip_params,
-        target_loss=None if shard or baseline_only else s.target_loss,
-        data_fingerprint=loader.fingerprint(),
-        config=dataclasses.asdict(config),
-        overwrite=overwrite,
-        batches=loader,
-        shard=shard,
-        baseline_only=baseline_only,
-    )
-
-
 def print_outcome(outcome: AnalysisOutcome, config: Config) -> None:
     """Print the result table and where the files went."""
     s = config.SensitivityAnalysis
@@ -170,7 +94,8 @@ def print_outcome(outcome: AnalysisOutcome, config: Config) -> None:
     print(f"analysis file: {outcome.analysis_file} (+ {sidecar_path(outcome.analysis_file).name})")
     if outcome.ratios_file is not None and s.target_loss is not None:
         print(explain_target_loss(s.target_loss))
-        print(f"ratios as an ACT ChannelPrune block: {outcome.ratios_file}")
+        block = "an ElementPrune block" if s.granularity == "element" else "an ACT ChannelPrune block"
+        print(f"ratios as {block}: {outcome.ratios_file}")
 
 
 def job_main(argv: Sequence[str]) -> int:
@@ -193,7 +118,9 @@ def job_main(argv: Sequence[str]) -> int:
     if shard is None:
         assert config.SensitivityAnalysis.analysis_file is not None
         fold_local_shards(config.SensitivityAnalysis.analysis_file, discard=args.overwrite)
-    outcome = run_job(config, overwrite=args.overwrite, progress=False if args.quiet else None, shard=shard)
+    progress = False if args.quiet else None
+    inputs = build_inputs(config, progress)
+    outcome = run_job(config, overwrite=args.overwrite, progress=progress, shard=shard, inputs=inputs)
     print_outcome(outcome, config)
     if shard is not None:
         assert config.SensitivityAnalysis.analysis_file is not None
@@ -202,6 +129,8 @@ def job_main(argv: Sequence[str]) -> int:
         print(f"shard {shard.index}/{shard.count}: {len(outcome.analysed)} conv(s) in {outcome.analysis_file}; once "
               f"every shard is done: python run.py merge {main_file} {others}")  # fmt: skip
         return EXIT_OK
+    if wants_plan_step(config):
+        print(format_plan(run_plan_step(config, inputs, progress)))
     finish(outcome, config, args)
     return EXIT_OK
 
@@ -238,8 +167,10 @@ def torchrun_job(config: Config, args: argparse.Namespace, rank: Rank) -> int:
     outcome = baseline[0]
     outcome.sensitivities = merged
     if s.target_loss is not None:
-        derive_ratios(outcome, s.target_loss, s.criterion)
+        derive_ratios(outcome, s.target_loss, s.criterion, s.granularity)
     print_outcome(outcome, config)
+    if wants_plan_step(config):
+        print(format_plan(run_plan_step(config, inputs, progress=False)))
     finish(outcome, config, args)
     return EXIT_OK
 
@@ -259,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     each), so rerunning the same command resumes where it stopped.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = SUBCOMMANDS.get(argv[0]) if argv else None
+    command = {**SUBCOMMANDS, **PLAN_COMMANDS}.get(argv[0]) if argv else None
     previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
     try:
         return command(argv[1:]) if command else job_main(argv)

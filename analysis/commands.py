@@ -12,12 +12,12 @@ import torch
 
 from analysis.config import load_config
 from analysis.errors import AnalysisFileError
-from analysis.groups import dependency_csv, dependency_sets, not_safe_to_prune
 from analysis.lock import exclusive
 from analysis.logs import setup_logging
 from analysis.models import build_model
 from analysis.results import CSV_STYLES, atomic_write_text, csv_path, export_csv, sidecar_path
 from analysis.shards import merge_files
+from analysis.topology import dependency_csv, dependency_sets, not_safe_to_prune
 
 EXIT_OK = 0
 

@@ -21,6 +21,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from analysis.early_stop import early_stop_from
 from analysis.errors import ConfigError, did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ GROUP_REDUCTIONS = ("self", "mean")
 DATA_CACHE_MODES = ("auto", "ram", "off")
 ENGINES = ("fast", "reference")
 METRIC_MODES = ("relative", "absolute")
+GRANULARITIES = ("filter", "element")
 RATIO_DECIMALS = 6
 
 # Blocks of PaddleSlim ACT compression configs. They configure training-time compression, which this tool does
@@ -99,6 +101,13 @@ class SensitivityConfig:
     group_reduction: str = "self"
     engine: str = "fast"
     precision: float | None = None
+    granularity: str = "filter"
+    early_stop_mode: str | None = None
+    early_stop_value: float | None = None
+    target_macs_reduction: float | None = None
+    target_params_reduction: float | None = None
+    verify: bool = False
+    export_dir: str | None = None
     report: bool = True
 
 
@@ -132,7 +141,18 @@ def load_config(
         ConfigError: For any unreadable file, unknown key, wrong type or out-of-range value.
     """
     path = Path(path)
-    raw = _read_yaml(path)
+    return config_from_data(_read_yaml(path), path, overrides, flags)
+
+
+def config_from_data(
+    raw: dict[str, Any],
+    path: str | Path,
+    overrides: Sequence[str] = (),
+    flags: Mapping[str, Any] | None = None,
+) -> Config:
+    """Like :func:`load_config`, from an already parsed mapping (e.g. the resolved config an analysis file's sidecar
+    keeps); ``path`` names where it came from in messages and gives the default analysis file's folder."""
+    path = Path(path)
     sections, ignored = _split_blocks(raw, path)
     dotted = _parse_overrides(overrides)
     flag_layer = _flags_to_nested(flags or {})
@@ -198,6 +218,7 @@ def validate(config: Config) -> None:
         ("metric_mode", METRIC_MODES),
         ("group_reduction", GROUP_REDUCTIONS),
         ("engine", ENGINES),
+        ("granularity", GRANULARITIES),
     )
     for key, allowed in choices:
         check_choice(f"SensitivityAnalysis.{key}", getattr(s, key), allowed)
@@ -206,14 +227,50 @@ def validate(config: Config) -> None:
             raise ConfigError(f"SensitivityAnalysis.precision must be between 0 and 1 (e.g. 0.002), got {s.precision}.")
         if s.engine != "fast":
             raise ConfigError("SensitivityAnalysis.precision needs SensitivityAnalysis.engine: fast.")
+    early_stop_from(s.early_stop_mode, s.early_stop_value, "SensitivityAnalysis.early_stop_mode")
+    validate_budget(s)
+    check_granularity(s.granularity, s.criterion, "SensitivityAnalysis.")
     if not s.analysis_file:
         raise ConfigError("SensitivityAnalysis.analysis_file must not be empty.")
+
+
+def validate_budget(s: SensitivityConfig) -> None:
+    """At most one budget target, each a fraction in (0, 1); ``verify``/``export_dir`` need something to apply."""
+    targets = {"target_macs_reduction": s.target_macs_reduction, "target_params_reduction": s.target_params_reduction}
+    given = {k: v for k, v in targets.items() if v is not None}
+    if len(given) > 1:
+        raise ConfigError(
+            "SensitivityAnalysis.target_macs_reduction and target_params_reduction are both set; keep one budget."
+        )
+    if given and s.granularity == "element":
+        raise ConfigError(
+            f"SensitivityAnalysis.{next(iter(given))} plans filter pruning; it does not apply to granularity: element."
+        )
+    for key, value in given.items():
+        if not (0.0 < value < 1.0 and math.isfinite(value)):
+            raise ConfigError(f"SensitivityAnalysis.{key} must be between 0 and 1 (0.4 = 40% fewer), got {value}.")
+    if (s.verify or s.export_dir) and not given and s.target_loss is None:
+        key = "verify" if s.verify else "export_dir"
+        raise ConfigError(
+            f"SensitivityAnalysis.{key} needs ratios to apply: set SensitivityAnalysis.target_macs_reduction, "
+            "target_params_reduction or target_loss."
+        )
 
 
 def check_choice(key: str, value: str, allowed: Sequence[str]) -> None:
     """Raise a :class:`ConfigError` naming ``key`` when ``value`` is not one of ``allowed`` (with a suggestion)."""
     if value not in allowed:
         raise ConfigError(f"{key} must be one of {', '.join(allowed)}, got '{value}'{did_you_mean(value, allowed)}.")
+
+
+def check_granularity(granularity: str, criterion: str, prefix: str = "") -> None:
+    """Refuse a channel-ranking criterion with element-wise pruning, which always goes by weight magnitude."""
+    check_choice(f"{prefix}granularity", granularity, GRANULARITIES)
+    if granularity == "element" and criterion not in ("l1_norm", "l2_norm"):
+        raise ConfigError(
+            f"{prefix}granularity: element zeroes the smallest weights by magnitude, so {prefix}criterion "
+            f"'{criterion}' does not apply; leave it at l1_norm."
+        )
 
 
 def normalise_ratios(ratios: Sequence[float], key: str) -> list[float]:

@@ -55,7 +55,12 @@ def select_channels(scores: torch.Tensor, ratio: float, blocks: Sequence[Sequenc
     With ``blocks`` (the conv groups of a grouped conv in the group), the count is rounded down to a multiple of
     the number of blocks and each block gives up the same number of its own lowest-scored channels.
     """
-    count = channels_to_remove(len(scores), ratio)
+    return lowest_channels(scores, channels_to_remove(len(scores), ratio), blocks)
+
+
+def lowest_channels(scores: torch.Tensor, count: int, blocks: Sequence[Sequence[int]] = ()) -> list[int]:
+    """The ``count`` lowest-scored channels (ties: lower index first), sorted; with ``blocks``, ``count`` is
+    rounded down to a multiple of their number and each block gives up the same number of its own channels."""
     scores = scores.detach().float().cpu()
     if not blocks:
         order = torch.argsort(scores, stable=True)

@@ -22,10 +22,12 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from analysis.criteria import CRITERIA, bn_scale, select_channels
+from analysis.early_stop import EarlyStop
+from analysis.elementwise import element_slices, magnitude_order, weights_to_zero
 from analysis.errors import UserError
 from analysis.flops import CostModel, cost_summary
 from analysis.groups import PrunableParam, full_group, is_out_channel_item, removal_group
-from analysis.masking import masked
+from analysis.masking import masked, zeroed, zeroed_slices
 from analysis.physical import pruned_copy
 from analysis.store import AnalysisStore
 
@@ -50,6 +52,8 @@ class EngineSettings:
     engine: str = "fast"
     precision: float | None = None
     seed: int = 0
+    granularity: str = "filter"
+    early_stop: EarlyStop | None = None
 
 
 @dataclass
@@ -59,22 +63,26 @@ class ModeCheck:
 
     mode: str | None
     difference: float | str
-    channels: list[int] = field(default_factory=list)
+    channels: Sequence[int] = field(default_factory=list)
     masked_logits: torch.Tensor | None = None
 
 
 @dataclass
 class Prepared:
-    """A param ready to evaluate: its conv, the channels each ratio removes, how (mask/physical), and the names its
-    results are recorded under (several when coupled params share the evaluation)."""
+    """A param ready to evaluate: its layer, the channels each ratio removes, how (mask/physical/element), and the
+    names its results are recorded under (several when coupled params share the evaluation).
+
+    With ``granularity: element`` the layer is the weight's module, ``removal[ratio]`` is ``range(k)`` and the
+    weights zeroed are the first ``k`` of ``element_order`` (ascending magnitude)."""
 
     param: PrunableParam
     conv: nn.Module
-    removal: dict[float, list[int]]
+    removal: dict[float, Sequence[int]]
     mode: str
     names: list[str]
     check: ModeCheck
     costs: dict[float, dict[str, Any]] = field(default_factory=dict)
+    element_order: torch.Tensor | None = None
 
 
 @dataclass
@@ -197,7 +205,7 @@ class SensitivityEngine:
         baseline = self._baseline()
         self.store.set_cost(self.costs.dense.as_dict())
         report = EngineReport(baseline=baseline)
-        pending = {p.name: [r for r in self.settings.ratios if not self.store.has(p.name, r)] for p in params}
+        pending = {p.name: self._pending(p.name) for p in params}
         total = sum(len(v) for v in pending.values())
         if total == 0:
             if params:
@@ -227,6 +235,20 @@ class SensitivityEngine:
                 self._run_param(param, ratios, baseline, report, bar)
             bar.update(len(pending[param.name]) - len(ratios))  # units filled in by a coupled param
 
+    def _pending(self, name: str) -> list[float]:
+        """The ratios of ``name`` still to evaluate: not in the file, and not beyond a recorded early stop."""
+        stop, baseline, metric = self.settings.early_stop, self.store.baseline, self.settings.metric
+        stopped_at = None
+        if stop is not None and baseline is not None and metric in baseline:
+            variants = (self.store.sidecar["params"].get(name) or {}).get("variants") or {}
+            scores = {r: variants.get(f"{r:g}", {}).get(metric) for r in self.settings.ratios}
+            base = float(baseline[metric])
+            tripped = [r for r, v in scores.items() if v is not None and stop.tripped(base, float(v))]
+            stopped_at = min(tripped, default=None)
+        return [
+            r for r in self.settings.ratios if not self.store.has(name, r) and (stopped_at is None or r <= stopped_at)
+        ]
+
     def _progress_disabled(self) -> bool:
         return not sys.stderr.isatty() if self.settings.progress is None else not self.settings.progress
 
@@ -250,21 +272,22 @@ class SensitivityEngine:
         prepared = self._prepare(param, ratios, report, bar)
         if prepared is None:
             return
-        for ratio in ratios:
+        for position, ratio in enumerate(ratios):
             if self.store.has(param.name, ratio):
                 continue
             channels = prepared.removal[ratio]
             start = time.perf_counter()
-            if not channels:
-                metrics = _metrics_only(baseline)
-            else:
-                metrics = self._evaluate_variant(param, prepared.conv, channels, prepared.mode)
-            self._record(prepared, ratio, metrics, baseline, time.perf_counter() - start, report, bar)
+            metrics = self._evaluate_variant(prepared, ratio) if channels else _metrics_only(baseline)
+            if self._record(prepared, ratio, metrics, baseline, time.perf_counter() - start, report, bar):
+                bar.update(len(ratios) - position - 1)
+                return
 
     def _prepare(
         self, param: PrunableParam, ratios: Sequence[float], report: EngineReport, bar: tqdm
     ) -> Prepared | None:
         """Rank the channels, choose them per ratio, check masking against physical pruning; None if skipped."""
+        if self.settings.granularity == "element":
+            return self._prepare_element(param, ratios)
         conv = self.model.get_submodule(param.module_name)
         try:
             scores = channel_scores(self.model, self.graph, param, self.settings)
@@ -291,6 +314,34 @@ class SensitivityEngine:
         costs = {r: cost_summary(dense, self.costs.variant(self.graph, conv, ch)) for r, ch in removal.items() if ch}
         return Prepared(param, conv, removal, mode, self._sharing(param), check, costs)
 
+    def _prepare_element(self, param: PrunableParam, ratios: Sequence[float]) -> Prepared:
+        """Element-wise: order the weights by magnitude; zeroing them is the operation itself, so it is exact."""
+        module = self.model.get_submodule(param.module_name)
+        weight = self.model.get_parameter(param.name)
+        order = magnitude_order(weight)
+        removal = {r: range(weights_to_zero(weight.numel(), r)) for r in ratios}
+        largest = max(removal.values(), key=len)
+        with zeroed(element_slices(weight, order[: len(largest)])), torch.inference_mode():
+            masked_logits = self.model(self.check_input)
+        self.store.describe_param(param.name, {"module": param.module_name, "shape": list(param.shape),
+                                               "granularity": "element", "mode": "element"})  # fmt: skip
+        check = ModeCheck("element", 0.0, largest, masked_logits)
+        return Prepared(param, module, removal, "element", [param.name], check, element_order=order)
+
+    def variant_slices(self, prepared: Prepared, ratio: float) -> list[tuple[torch.Tensor, Any]]:
+        """The ``(tensor, index)`` slices zeroed by one variant (a channel group, or the smallest weights)."""
+        if prepared.element_order is not None:
+            weight = self.model.get_parameter(prepared.param.name)
+            return element_slices(weight, prepared.element_order[: len(prepared.removal[ratio])])
+        return zeroed_slices(self.graph, removal_group(self.graph, prepared.conv, prepared.removal[ratio]))
+
+    def changed_layers(self, prepared: Prepared) -> tuple[list[nn.Module], list[torch.Tensor]]:
+        """The modules and bare parameters a variant of ``prepared`` changes (where the fast engine's suffix starts)."""
+        if prepared.element_order is not None:
+            return [prepared.conv], [self.model.get_parameter(prepared.param.name)]
+        members = [item.dep.target.module for item in full_group(self.graph, prepared.conv)]
+        return [m for m in members if isinstance(m, nn.Module)], [m for m in members if isinstance(m, nn.Parameter)]
+
     def _record(
         self,
         prepared: Prepared,
@@ -301,8 +352,9 @@ class SensitivityEngine:
         report: EngineReport,
         bar: tqdm,
         estimate: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Turn a variant's metrics into its loss, save it under every sharing name, log one line.
+    ) -> bool:
+        """Turn a variant's metrics into its loss, save it under every sharing name, log one line; return whether
+        the early stop tripped (the param's larger ratios are then skipped).
 
         ``estimate`` (adaptive precision) supplies the loss estimated from paired differences and its interval.
         """
@@ -313,16 +365,31 @@ class SensitivityEngine:
             loss = relative_loss(baseline[metric], metrics[metric], metric, self.settings.metric_mode)
         else:
             loss = float(estimate["loss"])
-        details = {**metrics, "channels_removed": len(channels), "channels": param.channels, "mode": prepared.mode,
-                   "seconds": round(seconds, 3), **prepared.costs.get(ratio, {}), **(estimate or {})}  # fmt: skip
-        self.store.record([n for n in prepared.names if not self.store.has(n, ratio)], ratio, loss, details)
+        element = prepared.mode == "element"
+        total = math.prod(param.shape) if element else param.channels
+        removed = (
+            {"weights_zeroed": len(channels), "weights": total}
+            if element
+            else {"channels_removed": len(channels), "channels": total}
+        )
+        details = {**metrics, **removed, "mode": prepared.mode, "seconds": round(seconds, 3),
+                   **prepared.costs.get(ratio, {}), **(estimate or {})}  # fmt: skip
+        stop = self.settings.early_stop
+        stopped = stop is not None and stop.tripped(float(baseline[metric]), float(metrics[metric]))
+        names = [n for n in prepared.names if not self.store.has(n, ratio)]
+        if stopped:
+            for name in names:
+                self.store.describe_param(name, {"early_stop": {"ratio": ratio, "condition": stop.describe()}})
+        self.store.record(names, ratio, loss, details)
         report.evaluated += 1
         bar.update(1)
         logger.info(
-            "%s @ %g: removed %d/%d channels%s, %s=%.4f, loss=%+.4f (%.1f s)",
-            param.name, ratio, len(channels), param.channels, " (physical)" if prepared.mode == "physical" else "",
-            metric, metrics[metric], loss, seconds,
+            "%s @ %g: removed %d/%d %s%s, %s=%.4f, loss=%+.4f (%.1f s)%s",
+            param.name, ratio, len(channels), total, "weights" if element else "channels",
+            " (physical)" if prepared.mode == "physical" else "", metric, metrics[metric], loss, seconds,
+            f"; early stop ({stop.describe()}), larger ratios skipped" if stopped else "",
         )  # fmt: skip
+        return stopped
 
     def _sharing(self, param: PrunableParam) -> list[str]:
         """Names recorded with this param's evaluation: with ``group_reduction: mean`` every coupled param in the
@@ -331,11 +398,13 @@ class SensitivityEngine:
             return [param.name]
         return [param.name, *[n for n in param.coupled_params if n in self.store.model_order]]
 
-    def _evaluate_variant(self, param: PrunableParam, conv: nn.Module, channels: Sequence[int], mode: str) -> Metrics:
-        if mode == "mask":
-            with masked(self.graph, removal_group(self.graph, conv, channels)):
+    def _evaluate_variant(self, prepared: Prepared, ratio: float) -> Metrics:
+        """Evaluate one variant: zero its slices in place (mask, element) or evaluate a physically pruned copy."""
+        if prepared.mode in ("mask", "element"):
+            with zeroed(self.variant_slices(prepared, ratio)):
                 return self.evaluate(self.model)
-        copy = pruned_copy(self.model, param.module_name, channels, self.example_input).to(self.device)
+        channels = prepared.removal[ratio]
+        copy = pruned_copy(self.model, prepared.param.module_name, channels, self.example_input).to(self.device)
         return self.evaluate(copy)
 
     def _choose_mode(self, param: PrunableParam, channels: Sequence[int]) -> ModeCheck:

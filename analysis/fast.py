@@ -34,8 +34,8 @@ from analysis.engine import (
     format_metrics,
 )
 from analysis.evaluate import MetricSums
-from analysis.groups import PrunableParam, full_group, removal_group
-from analysis.masking import zeroed, zeroed_slices
+from analysis.groups import PrunableParam
+from analysis.masking import zeroed
 from analysis.partition import GraphRunner, SuffixPlan, UntraceableModel
 from analysis.store import AnalysisStore
 
@@ -142,25 +142,22 @@ class FastSensitivityEngine(SensitivityEngine):
              bar: tqdm) -> Job | None:  # fmt: skip
         """Plan a masked param's suffix; physical params and variants removing nothing are done right away."""
         assert self.runner is not None
-        if prepared.mode != "mask":
+        if prepared.mode == "physical":
             self._evaluate_ratios(prepared, ratios, baseline, report, bar)
             return None
-        members = [item.dep.target.module for item in full_group(self.graph, prepared.conv)]
-        plan = self.runner.plan(
-            [m for m in members if isinstance(m, nn.Module)], [m for m in members if isinstance(m, nn.Parameter)]
-        )
+        plan = self.runner.plan(*self.changed_layers(prepared))
         if plan is None:
             self._evaluate_ratios(prepared, ratios, baseline, report, bar)
             return None
         variants: list[Variant] = []
-        for ratio in ratios:
-            channels = prepared.removal[ratio]
-            if not channels:
-                self._record(prepared, ratio, {k: v for k, v in baseline.items() if k != "seconds"}, baseline, 0.0,
-                             report, bar)  # fmt: skip
+        for position, ratio in enumerate(ratios):
+            if not prepared.removal[ratio]:  # removes nothing: the baseline's metrics
+                unchanged = {k: v for k, v in baseline.items() if k != "seconds"}
+                if self._record(prepared, ratio, unchanged, baseline, 0.0, report, bar):
+                    bar.update(len(ratios) - position - 1)
+                    return None
                 continue
-            slices = zeroed_slices(self.graph, removal_group(self.graph, prepared.conv, channels))
-            variants.append(Variant(ratio, slices, estimate=self._new_estimate(baseline)))
+            variants.append(Variant(ratio, self.variant_slices(prepared, ratio), estimate=self._new_estimate(baseline)))
         checked = next((v for v in variants if prepared.removal[v.ratio] == prepared.check.channels), None)
         if checked is not None and not self._split_matches_eager(plan, checked, prepared):
             logger.info("%s: the graph split differs from eager execution; using the reference path for it.",
@@ -196,13 +193,14 @@ class FastSensitivityEngine(SensitivityEngine):
     def _evaluate_ratios(self, prepared: Prepared, ratios: Sequence[float], baseline: dict, report: EngineReport,
                          bar: tqdm) -> None:  # fmt: skip
         """The reference path for one prepared param (physical mode, or a split that did not reproduce eager)."""
-        for ratio in ratios:
+        for ratio in sorted(ratios):
             if self.store.has(prepared.param.name, ratio):
                 continue
             start = time.perf_counter()
-            channels = prepared.removal[ratio]
-            metrics = self._evaluate_variant(prepared.param, prepared.conv, channels, prepared.mode)
-            self._record(prepared, ratio, metrics, baseline, time.perf_counter() - start, report, bar)
+            metrics = self._evaluate_variant(prepared, ratio)
+            if self._record(prepared, ratio, metrics, baseline, time.perf_counter() - start, report, bar):
+                bar.update(sum(not self.store.has(prepared.param.name, r) for r in ratios if r > ratio))
+                return
 
     def _chunks(self, jobs: list[Job], baseline_seconds: float) -> list[list[Job]]:
         """Group jobs (in model order) so that each pass over the data is about ``CHUNK_SECONDS`` of work."""
@@ -265,14 +263,17 @@ class FastSensitivityEngine(SensitivityEngine):
         seconds = time.perf_counter() - start
         variants = sum(len(job.variants) for job in chunk)
         for job in chunk:
-            for variant in job.variants:
+            for position, variant in enumerate(job.variants):  # in increasing ratio order
                 metrics = variant.sums.result().metrics()
                 estimate = None
                 if variant.estimate is not None:
                     low, high = variant.estimate.interval()
                     estimate = {"loss": variant.estimate.loss(), "interval": [low, high],
                                 "samples": variant.estimate.count, "precision": self.settings.precision}  # fmt: skip
-                self._record(job.prepared, variant.ratio, metrics, baseline, seconds / variants, report, bar, estimate)
+                seconds_each = seconds / variants
+                if self._record(job.prepared, variant.ratio, metrics, baseline, seconds_each, report, bar, estimate):
+                    bar.update(len(job.variants) - position - 1)  # early stop: the larger ratios are dropped
+                    break
         logger.debug("Chunk of %d conv(s): %d variants in %.1f s.", len(chunk), variants, seconds)
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:

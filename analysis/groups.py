@@ -96,8 +96,10 @@ def build_dependency_graph(model: nn.Module, example_input: torch.Tensor) -> tp.
         return tp.DependencyGraph().build_dependency(model, example_inputs=example, verbose=False)
 
 
-def conv_execution_order(model: nn.Module, example_input: torch.Tensor) -> list[str]:
-    """Names of the ``nn.Conv2d`` modules in the order the forward pass first calls them."""
+def conv_execution_order(
+    model: nn.Module, example_input: torch.Tensor, layer_types: tuple[type[nn.Module], ...] = (nn.Conv2d,)
+) -> list[str]:
+    """Names of the ``layer_types`` modules (default ``nn.Conv2d``) in the order the forward pass first calls them."""
     names = {module: name for name, module in model.named_modules()}
     order: list[str] = []
 
@@ -106,7 +108,7 @@ def conv_execution_order(model: nn.Module, example_input: torch.Tensor) -> list[
         if name not in order:
             order.append(name)
 
-    hooks = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, nn.Conv2d)]
+    hooks = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, layer_types)]
     try:
         with torch.inference_mode():
             model(example_input[:1])
@@ -308,53 +310,3 @@ def select_params(
         if not by_name[name].prunable:
             raise ConfigError(f"{key}: '{name}' cannot be pruned: {by_name[name].reason}.")
     return [p for p in params if p.name in chosen and p.name not in skipped]
-
-
-# ------------------------------------------------------------------------------------------ dependency export
-
-
-def dependency_sets(model: nn.Module, example_input: torch.Tensor) -> list[list[str]]:
-    """The channel dependency sets: convs whose output channels must be removed together (module names).
-
-    Each conv is in exactly one set; sets follow the forward order of their first conv, members in forward order.
-    Unlike NNI's ``ChannelDependency`` (residual adds only), depthwise and grouped convs join the set of the conv
-    that produces their input channels, since removing those channels removes their filters too.
-    """
-    with eval_mode(model):
-        graph = build_dependency_graph(model, example_input)
-        order = conv_execution_order(model, example_input)
-    modules = dict(model.named_modules())
-    names = {module: name for name, module in modules.items()}
-    parent = {name: name for name in order}
-
-    def root(name: str) -> str:
-        while parent[name] != name:
-            parent[name] = parent[parent[name]]
-            name = parent[name]
-        return name
-
-    for name in order:
-        conv = modules[name]
-        if conv not in graph.module2node:
-            continue
-        for item in full_group(graph, conv):
-            other = names.get(item.dep.target.module)
-            if other in parent and is_out_channel_item(graph, item):
-                first, second = sorted((root(name), root(other)), key=order.index)
-                parent[second] = first
-    sets: dict[str, list[str]] = {}
-    for name in order:
-        sets.setdefault(root(name), []).append(name)
-    return list(sets.values())
-
-
-def dependency_csv(sets: Sequence[Sequence[str]]) -> str:
-    """NNI's dependency CSV: ``Dependency Set,Convolutional Layers`` then ``Set 1,conv_a,conv_b`` per set."""
-    lines = ["Dependency Set,Convolutional Layers"]
-    lines += [",".join([f"Set {number}", *members]) for number, members in enumerate(sets, start=1)]
-    return "\n".join(lines) + "\n"
-
-
-def not_safe_to_prune(model: nn.Module, example_input: torch.Tensor) -> dict[str, str]:
-    """Convs (module names, forward order) that cannot be pruned as roots, each with the reason."""
-    return {param.module_name: param.reason for param in find_prunable(model, example_input) if param.reason}

@@ -19,7 +19,23 @@ from analysis.groups import build_dependency_graph, is_grouped_conv, is_out_chan
 
 def pruned_copy(model: nn.Module, conv_name: str, channels: Sequence[int], example_input: torch.Tensor) -> nn.Module:
     """Return a deep copy of ``model`` with ``channels`` of ``conv_name``'s output removed along with its group."""
+    return jointly_pruned_copy(model, [(conv_name, channels)], example_input)
+
+
+def jointly_pruned_copy(
+    model: nn.Module, removals: Sequence[tuple[str, Sequence[int]]], example_input: torch.Tensor
+) -> nn.Module:
+    """Return a deep copy of ``model`` with every ``(conv name, output channels)`` removal applied, each with its
+    group. Channel indices refer to the unpruned model: groups are disjoint in the channels they remove, and the
+    dependency graph is rebuilt after each removal so that concatenations see the current channel offsets."""
     clone = copy.deepcopy(model)
+    for conv_name, channels in removals:
+        _remove(clone, conv_name, channels, example_input)
+    return clone.eval()
+
+
+def _remove(clone: nn.Module, conv_name: str, channels: Sequence[int], example_input: torch.Tensor) -> None:
+    """Remove ``channels`` of ``conv_name``'s output and its group from ``clone``, in place."""
     graph = build_dependency_graph(clone, example_input)
     conv = clone.get_submodule(conv_name)
     group = removal_group(graph, conv, channels)
@@ -34,7 +50,6 @@ def pruned_copy(model: nn.Module, conv_name: str, channels: Sequence[int], examp
             _replace_parameter(clone, param_names[module], item.dep(idxs))
         else:
             item.dep(idxs)
-    return clone.eval()
 
 
 def _remove_grouped_conv_inputs(conv: nn.Conv2d, channels: Sequence[int]) -> None:

@@ -390,6 +390,47 @@ def _unprunable_table(sidecar: Mapping[str, Any] | None) -> str:
     )
 
 
+def _plan_section(sidecar: Mapping[str, Any] | None) -> str:
+    """The pruning plan (``run.py plan``/``verify``): its groups, predicted against measured loss, cost and speed."""
+    plan = _dict(sidecar, "plan")
+    if not plan:
+        return ""
+    verification = _dict(plan.get("verification"))
+    target = _number(plan.get("target"))
+    what = (f"budget: {_e(plan.get('measure'))} reduced by at least {_percent(target)}" if target is not None
+            else f"ratios from <code>{_e(plan.get('source'))}</code>")  # fmt: skip
+    rows = [("plan", what), ("method", _e(plan.get("method", "-"))),
+            ("predicted loss", _e(f"{_fmt(plan.get('predicted_loss'))} (sum of the single-layer losses)"))]  # fmt: skip
+    if verification:
+        measured, baseline, pruned = (_dict(verification.get(k)) for k in ("measured_loss", "baseline", "pruned"))
+        for metric in ("top1", "top5"):
+            if metric in measured:
+                rows.append((f"measured {metric} loss", _e(
+                    f"{_fmt(measured[metric])} ({metric} {_fmt(baseline.get(metric))} -> {_fmt(pruned.get(metric))}, "
+                    "all groups pruned at once)")))  # fmt: skip
+        for key in ("macs", "params", "checkpoint_bytes"):
+            pair = _dict(verification.get(key))
+            rows.append((key.replace("_", " "), _e(f"{_count(pair.get('dense'))} -> {_count(pair.get('pruned'))}")))
+        for batch, times in _dict(verification.get("latency_ms")).items():
+            dense, fast = _number(_dict(times).get("dense")), _number(_dict(times).get("pruned"))
+            speedup = f", {dense / fast:.2f}x" if dense and fast else ""
+            rows.append((f"latency {_e(batch.replace('_', ' '))}",
+                         _e(f"{_fmt(dense, '.2f')} ms -> {_fmt(fast, '.2f')} ms{speedup} "
+                            f"(median, {verification.get('device')})")))  # fmt: skip
+    else:
+        after = _dict(plan.get("pruned"))
+        computed = f"{_count(after.get('macs'))}, {_count(after.get('params'))}"
+        rows.append(("MACs, params after", _e(f"{computed} (computed; run.py verify measures the pruned model)")))
+    groups = "".join(
+        f'<tr><td class="name">{_e(", ".join(g.get("members", [])))}</td><td>{_fmt(g.get("ratio"))}</td>'
+        f"<td>{_e(g.get('channels_removed'))}/{_e(g.get('channels'))}</td><td>{_fmt(g.get('predicted_loss'))}</td></tr>"
+        for g in (plan.get("groups") or []) if isinstance(g, dict)
+    )  # fmt: skip
+    head = "<th>group (params sharing one ratio)</th><th>ratio</th><th>channels removed</th><th>predicted loss</th>"
+    table = f'<table class="losses"><thead><tr>{head}</tr></thead><tbody>{groups}</tbody></table>'
+    return "<h2>Pruning plan</h2>" + _table(rows) + f'<div class="scroll">{table}</div>'
+
+
 def _figure(png: bytes, alt: str, caption: str) -> str:
     width, height = png_size(png)
     uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
@@ -459,6 +500,7 @@ def render_html(
             "loss against MACs saved",
             f"{label} at ratio {ratio:g} beside the share of the dense model's MACs that pruning the layer saves.",
         ),
+        _plan_section(data.sidecar),
         "<h2>Not prunable</h2>",
         _unprunable_table(data.sidecar),
         "<h2>Configuration</h2>",

@@ -16,6 +16,7 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
+from analysis.elementwise import element_params
 from analysis.engine import EngineReport, EngineSettings, Evaluator, SensitivityEngine
 from analysis.fast import FastSensitivityEngine
 from analysis.fingerprint import model_fingerprint
@@ -48,6 +49,7 @@ class AnalysisOutcome:
     report: EngineReport
     ratios: dict[str, float] = field(default_factory=dict)
     ratios_file: Path | None = None
+    early_stopped: dict[str, float] = field(default_factory=dict)
 
     @property
     def unprunable(self) -> dict[str, str]:
@@ -74,6 +76,7 @@ def run_analysis(
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None,
     shard: ShardSpec | None = None,
     baseline_only: bool = False,
+    baseline: Mapping[str, float] | None = None,
 ) -> AnalysisOutcome:
     """Analyse ``model`` and write the analysis file (resuming it), its sidecar and, with ``target_loss``, ratios.
 
@@ -95,11 +98,14 @@ def run_analysis(
             its metrics over exactly these batches); without them the reference engine runs.
         shard: Analyse only this deterministic share of the params (see :mod:`analysis.shards`).
         baseline_only: Measure (or reuse) the baseline and save the file, evaluating no variant.
+        baseline: The unpruned model's metrics when the caller has just measured them (used unless the file holds
+            a baseline already), so the engine does not evaluate it again.
     """
     with eval_mode(model), exclusive(analysis_file):  # training flags restored; one writer per analysis file
         graph = build_dependency_graph(model, example_input)
         order = conv_execution_order(model, example_input)
-        params = describe_convs(model, graph, order)
+        element = settings.granularity == "element"
+        params = element_params(model) if element else describe_convs(model, graph, order)
         analysed = select_params(params, prune_params, skip_params, key=names_key, skip_key=skip_key)
         if shard is not None:
             analysed = shard_params(analysed, CostModel(model, example_input).dense.per_module, order, shard)
@@ -113,9 +119,12 @@ def run_analysis(
                 "metric_mode": settings.metric_mode,
                 # exact and estimated losses never mix in one file
                 "precision": None if settings.precision is None else [settings.precision, settings.seed],
+                **({"granularity": "element"} if element else {}),  # filter files from earlier versions resume
             },
         )
         store = AnalysisStore(analysis_file, fingerprint, [p.name for p in params], overwrite=overwrite, config=config)
+        if baseline is not None and store.baseline is None:
+            store.set_baseline(baseline)
         for param in params:
             if param.reason:
                 store.mark_unprunable(param.name, param.reason)
@@ -131,8 +140,13 @@ def run_analysis(
         report = engine.run([] if baseline_only else analysed)
         store.save()  # also when nothing was evaluated: the sidecar then records the baseline and every reason
         outcome = AnalysisOutcome(Path(analysis_file), store.ordered(), params, analysed, report)
+        outcome.early_stopped = {
+            name: float(info["early_stop"]["ratio"])
+            for name, info in store.sidecar["params"].items()
+            if isinstance(info.get("early_stop"), dict)
+        }
         if target_loss is not None:
-            derive_ratios(outcome, target_loss, settings.criterion)
+            derive_ratios(outcome, target_loss, settings.criterion, settings.granularity)
         return outcome
 
 
@@ -153,10 +167,11 @@ def make_engine(
     return SensitivityEngine(model, evaluate, example_input, graph, settings, store)
 
 
-def derive_ratios(outcome: AnalysisOutcome, target_loss: float, criterion: str) -> None:
+def derive_ratios(outcome: AnalysisOutcome, target_loss: float, criterion: str, granularity: str = "filter") -> None:
     """Apply PaddleSlim's per-layer rule to the analysed params and save the ``ChannelPrune`` YAML."""
     wanted = {p.name for p in outcome.analysed}
     curves = {name: curve for name, curve in outcome.sensitivities.items() if name in wanted}
     outcome.ratios = get_ratios_by_loss(curves, target_loss)
     outcome.ratios_file = ratios_path(outcome.analysis_file)
-    save_ratios_yaml(outcome.ratios_file, outcome.ratios, [p.name for p in outcome.params], criterion, target_loss)
+    order = [p.name for p in outcome.params]
+    save_ratios_yaml(outcome.ratios_file, outcome.ratios, order, criterion, target_loss, granularity)

@@ -31,6 +31,10 @@ from analysis.results import (
 logger = logging.getLogger(__name__)
 
 
+# Settings a fingerprint leaves out when they have their default (so files of earlier versions still resume).
+IMPLIED_SETTINGS = {"granularity": "filter"}
+
+
 @dataclass
 class Fingerprint:
     """What an analysis file's numbers depend on; a resumed run must match every part that is known."""
@@ -107,8 +111,9 @@ class AnalysisStore:
             old, new = stored.get(key), getattr(self.fingerprint, key)
             if old is not None and new is not None and old != new:
                 self._refuse(what)
-        old_settings = stored.get("settings") or {}
-        for key, value in self.fingerprint.settings.items():
+        old_settings = {**IMPLIED_SETTINGS, **(stored.get("settings") or {})}
+        new_settings = {**IMPLIED_SETTINGS, **self.fingerprint.settings}
+        for key, value in new_settings.items():
             if key in old_settings and old_settings[key] != value:
                 self._refuse(f"{key} {old_settings[key]!r} (this run uses {value!r})")
 

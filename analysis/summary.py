@@ -14,14 +14,20 @@ def format_table(outcome: AnalysisOutcome, ratios: Sequence[float], metric: str)
     rows = []
     for param in outcome.analysed:
         curve = outcome.sensitivities.get(param.name, {})
+        stopped_at = outcome.early_stopped.get(param.name)
         cells = [param.name, "x".join(map(str, param.shape)), str(len(param.members))]
-        cells += [f"{curve[r]:+.4f}" if r in curve else "-" for r in ratios]
+        cells += [
+            f"{curve[r]:+.4f}" if r in curve else "stop" if stopped_at is not None and r > stopped_at else "-"
+            for r in ratios
+        ]
         if derived:
             cells.append(f"{derived[param.name]:.4f}" if param.name in derived else "-")
         rows.append(cells)
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     align = ["<", "<", ">"] + [">"] * (len(header) - 3)
     lines = [f"relative {metric} loss per pruned ratio ('group' = layers whose channels go with the conv's):"]
+    if outcome.early_stopped:
+        lines[0] += " ('stop' = skipped after an early stop)"
     for row in [header, *rows]:
         lines.append("  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(row, align, widths, strict=True)))
     unprunable = outcome.unprunable

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import analysis.cli
+import analysis.job
 from analysis.models import create_architecture
 from analysis.results import load_sidecar
 
@@ -196,7 +197,7 @@ def test_internal_bugs_keep_their_traceback(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(analysis.cli, "evaluate", broken)
+    monkeypatch.setattr(analysis.job, "evaluate", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         cli("--config_path", config_file(tmp_path, list_data))
 
@@ -341,7 +342,7 @@ def test_deps_command_prints_and_exports_the_sets(cli: Cli, tmp_path: Path, list
     result = cli("deps", "--config_path", path, "--output", tmp_path / "deps.csv")
     assert result.code == 0, result.err
     csv_lines = (tmp_path / "deps.csv").read_text().splitlines()
-    assert csv_lines[0] == "Dependency Set,Convolutional Layers"
+    assert csv_lines[0] == "Dependency Set,Layers"
     assert csv_lines[1] == "Set 1,0,3"  # the depthwise conv 3 goes with the conv feeding it
     assert "Set 1: 0, 3" in result.out and "not prunable: 3: depthwise conv" in result.out
     assert not (tmp_path / "out").exists()  # nothing evaluated, no analysis file

@@ -11,13 +11,10 @@ from analysis.groups import (
     PrunableParam,
     build_dependency_graph,
     conv_execution_order,
-    dependency_csv,
-    dependency_sets,
     find_prunable,
     full_group,
     is_depthwise,
     is_grouped_conv,
-    not_safe_to_prune,
     output_modules,
     removal_group,
 )
@@ -387,40 +384,3 @@ def test_find_prunable_leaves_train_mode_and_batchnorm_statistics_alone() -> Non
     # no tracing or order-recording pass may update BN running statistics on the way
     assert all(torch.equal(t, before[name]) for name, t in model.state_dict().items())
     assert {name: m.training for name, m in model.named_modules()} == modes
-
-
-RESNET18_DEPENDENCY_SETS = [
-    {"layer1.1.conv2", "layer1.0.conv2", "conv1"}, {"layer1.0.conv1"}, {"layer1.1.conv1"}, {"layer2.0.conv1"},
-    {"layer2.1.conv2", "layer2.0.conv2", "layer2.0.downsample.0"}, {"layer2.1.conv1"}, {"layer3.0.conv1"},
-    {"layer3.0.downsample.0", "layer3.1.conv2", "layer3.0.conv2"}, {"layer3.1.conv1"}, {"layer4.0.conv1"},
-    {"layer4.0.downsample.0", "layer4.1.conv2", "layer4.0.conv2"}, {"layer4.1.conv1"},
-]  # fmt: skip
-
-
-def test_resnet18_dependency_sets_are_the_residual_stages() -> None:
-    sets = dependency_sets(torchvision_model("resnet18"), torch.randn(IMAGE))
-    assert sorted(map(sorted, sets)) == sorted(map(sorted, RESNET18_DEPENDENCY_SETS))
-    assert sets[0][0] == "conv1"  # sets in forward order, members too
-
-
-def test_dependency_csv_is_nni_format() -> None:
-    text = dependency_csv([["conv1", "layer1.0.conv2"], ["layer1.0.conv1"]])
-    assert text == "Dependency Set,Convolutional Layers\nSet 1,conv1,layer1.0.conv2\nSet 2,layer1.0.conv1\n"
-
-
-def test_depthwise_convs_join_the_set_of_their_producer() -> None:
-    model = torchvision_model("mobilenet_v2")
-    sets = dependency_sets(model, torch.randn(IMAGE))
-    set_of = {name: tuple(members) for members in sets for name in members}
-    convs = [name for name, m in model.named_modules() if isinstance(m, nn.Conv2d)]
-    assert sorted(set_of) == sorted(convs)  # every conv in exactly one set
-    assert set_of["features.2.conv.1.0"] == ("features.2.conv.0.0", "features.2.conv.1.0")
-    assert set_of["features.2.conv.2"] == ("features.2.conv.2", "features.3.conv.2")  # inverted residual add
-    unsafe = not_safe_to_prune(model, torch.randn(IMAGE))
-    assert "features.2.conv.1.0" in unsafe and unsafe["features.2.conv.1.0"].startswith("depthwise conv")
-    assert "features.2.conv.0.0" not in unsafe
-
-
-def test_not_safe_to_prune_names_the_output_coupling() -> None:
-    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten())
-    assert not_safe_to_prune(model, torch.randn(TINY_IMAGE)) == {"2": "coupled to the model output (2)"}

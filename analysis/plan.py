@@ -1,0 +1,366 @@
+"""Budget plans: per-group pruning ratios that reach a MACs (or params) reduction with the least predicted loss.
+
+The analysis file gives each param's loss at the measured ratios. A group of coupled params (a residual chain)
+can only lose one set of channels, so it is one decision with one ratio; its options are every channel count from
+0 up to the largest count measured, each ranked by the member whose measured curve predicts the smallest loss
+there (curves are interpolated linearly in the channel count and never extrapolated). What a group saves alone is
+exact at the measured counts (:class:`~analysis.flops.CostModel`) and linear in between. :func:`~analysis.ratios.
+allocate` picks the options; the plan's MACs and params are then computed exactly for all groups pruned at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch_pruning as tp
+from torch import nn
+
+from analysis.criteria import channels_to_remove, lowest_channels
+from analysis.engine import EngineSettings, channel_scores
+from analysis.errors import AnalysisFileError, UserError, did_you_mean
+from analysis.fingerprint import model_fingerprint
+from analysis.flops import Cost, CostModel, cost_summary
+from analysis.groups import (
+    PrunableParam,
+    build_dependency_graph,
+    conv_execution_order,
+    describe_convs,
+    eval_mode,
+    removal_group,
+)
+from analysis.ratios import Allocation, BudgetUnreachable, Choice, GroupOptions, allocate, interpolate
+from analysis.results import load_sensitivities, load_sidecar, sidecar_path
+
+logger = logging.getLogger(__name__)
+
+MEASURES = ("macs", "params")
+
+
+@dataclass
+class PlannedGroup:
+    """One pruned group of the plan.
+
+    Attributes:
+        members: The group's analysed params (model order); all get :attr:`ratio`.
+        ranking_param: The member whose criterion ranks the channels (its curve predicted the loss).
+        module_name: That member's conv.
+        channels: Channels of the group.
+        removed: Channel indices removed.
+        predicted_loss: The ranking member's interpolated loss at this count.
+    """
+
+    members: list[str]
+    ranking_param: str
+    module_name: str
+    channels: int
+    removed: list[int]
+    predicted_loss: float
+
+    @property
+    def ratio(self) -> float:
+        """Fraction of the group's channels removed."""
+        return round(len(self.removed) / self.channels, 6)
+
+
+@dataclass
+class Plan:
+    """Per-group ratios for a budget, with the predicted loss and the exact cost of the pruned model.
+
+    Attributes:
+        measure: ``macs`` or ``params``: what the target reduces.
+        target: The reduction asked for (0.4 = 40% fewer).
+        groups: The pruned groups, in model order.
+        predicted_loss: Sum of the groups' predicted losses (each measured with that layer pruned alone).
+        lower_bound: No plan reaching the target has a smaller summed predicted loss.
+        dense: The unpruned model's cost.
+        pruned: The cost with every group pruned at once (exact, ``macs`` convention).
+        settings: Criterion and group reduction the channels are ranked with (the analysis file's).
+        source: ``budget`` (allocated for :attr:`target`) or the ratios file the plan was read from.
+    """
+
+    measure: str
+    target: float | None
+    groups: list[PlannedGroup]
+    predicted_loss: float
+    lower_bound: float
+    dense: Cost
+    pruned: Cost
+    settings: dict[str, Any] = field(default_factory=dict)
+    source: str = "budget"
+
+    @property
+    def ratios(self) -> dict[str, float]:
+        """``{param: ratio}`` for every member of every pruned group (coupled params share their group's ratio); each
+        group's ranking param comes first, so a tool applying the list in order (ACT, :func:`plan_from_ratios`)
+        ranks the group's channels with it."""
+        return {
+            name: group.ratio
+            for group in self.groups
+            for name in [group.ranking_param, *[m for m in group.members if m != group.ranking_param]]
+        }
+
+    @property
+    def reduction(self) -> float:
+        """The reduction of :attr:`measure` the plan achieves (exact)."""
+        return cost_summary(self.dense, self.pruned)[f"{self.measure}_reduction"]
+
+    def removals(self) -> list[tuple[str, list[int]]]:
+        """``(conv module name, channels)`` to remove, one per pruned group, for physical pruning."""
+        return [(group.module_name, group.removed) for group in self.groups]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form, stored in the sidecar under ``plan``."""
+        groups = [
+            {"members": g.members, "ranking_param": g.ranking_param, "ratio": g.ratio, "channels": g.channels,
+             "channels_removed": len(g.removed), "predicted_loss": g.predicted_loss}
+            for g in self.groups
+        ]  # fmt: skip
+        return {
+            "measure": self.measure,
+            "target": self.target,
+            "source": self.source,
+            "method": "convex-hull greedy for the multiple-choice knapsack; summed predicted loss within "
+            f"{max(0.0, self.predicted_loss - self.lower_bound):.6g} of the optimum"
+            if self.source == "budget"
+            else "ratios as given",
+            "predicted_loss": self.predicted_loss,
+            "lower_bound": self.lower_bound,
+            "dense": self.dense.as_dict(),
+            "pruned": {"macs": self.pruned.macs, "params": self.pruned.params},
+            **{k: v for k, v in cost_summary(self.dense, self.pruned).items() if k.endswith("reduction")},
+            "settings": self.settings,
+            "groups": groups,
+        }
+
+
+def build_plan(
+    model: nn.Module,
+    example_input: torch.Tensor,
+    analysis_file: str | Path,
+    target: float,
+    measure: str = "macs",
+) -> Plan:
+    """Allocate per-group ratios from ``analysis_file`` so that ``measure`` drops by at least ``target``.
+
+    Args:
+        model: The analysed model (its weights must be the ones the file was computed on).
+        example_input: A batch fixing the input size (the first sample is used for costs).
+        analysis_file: The analysis pickle; its JSON sidecar supplies the criterion and the fingerprint.
+        target: The reduction to reach, strictly between 0 and 1.
+        measure: ``macs`` or ``params``.
+
+    Raises:
+        AnalysisFileError: If the file has no sidecar, was computed on other weights, or element-wise.
+        UserError: If the target is outside (0, 1) or not reachable with the measured ratios.
+    """
+    if measure not in MEASURES:
+        raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
+    if not 0.0 < target < 1.0:
+        raise UserError(f"target_{measure}_reduction must be between 0 and 1 (0.4 = 40% fewer), got {target}.")
+    settings = _analysis_settings(model, analysis_file)
+    sensitivities = load_sensitivities(analysis_file)
+    with eval_mode(model):
+        planner = _Planner(model, example_input, settings, measure)
+        costs = planner.costs
+        options = planner.options(sensitivities)
+        if not options:
+            raise AnalysisFileError(f"{analysis_file} has no measured filter-pruning losses to plan with.")
+        dense = costs.dense.macs if measure == "macs" else costs.dense.params
+        try:
+            allocation = allocate(options, target * dense, planner.joint_saved)
+        except BudgetUnreachable as error:
+            best = planner.joint_saved({g.key: g.choices[-1] for g in options}) / dense
+            raise UserError(
+                f"target_{measure}_reduction {target:g} cannot be reached: pruning every analysed conv at its "
+                f"largest measured ratio removes {best:.1%} of the {measure}; analyse larger "
+                "SensitivityAnalysis.pruned_ratios or lower the target."
+            ) from error
+        return planner.plan(options, allocation, target, {k: settings[k] for k in ("criterion", "group_reduction")})
+
+
+def plan_from_ratios(
+    model: nn.Module,
+    example_input: torch.Tensor,
+    analysis_file: str | Path,
+    ratios: Mapping[str, float],
+    source: str = "ratios",
+) -> Plan:
+    """A :class:`Plan` applying given per-param ratios (e.g. a ``ChannelPrune`` YAML), to verify or export them.
+
+    Channels are chosen as the analysis did (its criterion, ``min(C - 1, round(C * r))`` per param). Coupled params
+    share one removal: the first listed member of a group decides it, as PaddleSlim's pruner does; a differing ratio
+    of a later member is ignored with a warning. The predicted loss sums the deciding params' interpolated losses.
+
+    Raises:
+        AnalysisFileError: As :func:`build_plan`.
+        UserError: For a name that is not a prunable conv weight of the model, or a ratio outside [0, 1).
+    """
+    settings = _analysis_settings(model, analysis_file)
+    sensitivities = load_sensitivities(analysis_file)
+    with eval_mode(model):
+        planner = _Planner(model, example_input, settings, "macs")
+        params, costs = planner.params, planner.costs
+        planner.by_name = {p.name: p for p in params if p.prunable}
+        decided: dict[str, str] = {}  # param -> the member that decided its group
+        groups: list[PlannedGroup] = []
+        for name, ratio in ratios.items():
+            param = planner.by_name.get(name) or planner.by_name.get(f"{name}.weight")
+            if param is None:
+                reasons = {p.name: p.reason for p in params if p.reason}
+                why = f": {reasons[name]}" if name in reasons else did_you_mean(name, planner.by_name)
+                raise UserError(f"ratios: '{name}' is not a prunable conv weight of this model{why}.")
+            if not 0.0 <= ratio < 1.0:
+                raise UserError(f"ratios: {name} has ratio {ratio}; ratios must lie in [0, 1).")
+            if param.name in decided:
+                if decided[param.name] != param.name:
+                    logger.warning("%s is coupled to %s, listed earlier, whose ratio decides their shared channels.",
+                                   param.name, decided[param.name])  # fmt: skip
+                continue
+            members = [param.name, *[n for n in param.coupled_params if n in planner.by_name]]
+            decided.update({member: param.name for member in members})
+            count = param_count(param, ratio)
+            if count == 0:
+                continue
+            curve = sorted((param_count(param, r), loss) for r, loss in sensitivities.get(param.name, {}).items())
+            points = [(0.0, 0.0), *[(float(c), float(v)) for c, v in curve if c > 0]]
+            predicted = interpolate(points, count) if count <= points[-1][0] else float("nan")
+            ordered = [p.name for p in params if p.name in members]
+            groups.append(PlannedGroup(ordered, param.name, param.module_name, param.channels,
+                                       planner.removed(param.name, count), predicted))  # fmt: skip
+        order = {p.name: index for index, p in enumerate(params)}
+        groups.sort(key=lambda g: order[g.members[0]])
+        pruned = planner.joint_cost([(g.ranking_param, g.removed) for g in groups])
+        predicted_total = sum(g.predicted_loss for g in groups)
+        return Plan("macs", None, groups, predicted_total, predicted_total, costs.dense, pruned,
+                    {k: settings[k] for k in ("criterion", "group_reduction")}, source)  # fmt: skip
+
+
+def param_count(param: PrunableParam, ratio: float) -> int:
+    """Channels the analysis removed from ``param`` at ``ratio`` (rounded down to whole conv-group steps)."""
+    step = len(param.conv_blocks) or 1
+    return channels_to_remove(param.channels, ratio) // step * step
+
+
+def _analysis_settings(model: nn.Module, analysis_file: str | Path) -> dict[str, Any]:
+    sidecar = load_sidecar(analysis_file)
+    if sidecar is None:
+        raise AnalysisFileError(
+            f"{analysis_file} has no sidecar ({sidecar_path(analysis_file).name}), which a plan needs for the "
+            "criterion the losses were measured with; rerun the analysis to create it."
+        )
+    fingerprint = sidecar.get("fingerprint") or {}
+    stored = fingerprint.get("model")
+    if stored is not None and stored != model_fingerprint(model):
+        raise AnalysisFileError(
+            f"{analysis_file} was computed on other weights than this model's; plan with the config that wrote it."
+        )
+    settings = dict(fingerprint.get("settings") or {})
+    if settings.get("granularity", "filter") != "filter":
+        raise AnalysisFileError(f"{analysis_file} holds element-wise losses; a budget plan needs filter pruning.")
+    settings.setdefault("criterion", "l1_norm")
+    settings.setdefault("group_reduction", "self")
+    return settings
+
+
+class _Planner:
+    """Options per group and exact joint savings for one model, analysis settings and measure."""
+
+    def __init__(
+        self, model: nn.Module, example_input: torch.Tensor, settings: Mapping[str, Any], measure: str
+    ) -> None:
+        self.model, self.measure = model, measure
+        self.graph: tp.DependencyGraph = build_dependency_graph(model, example_input)
+        self.params = describe_convs(model, self.graph, conv_execution_order(model, example_input))
+        self.costs = CostModel(model, example_input)
+        self.engine_settings = EngineSettings(
+            ratios=[0.5], criterion=settings["criterion"], group_reduction=settings["group_reduction"]
+        )
+        self.by_name: dict[str, PrunableParam] = {}
+        self._scores: dict[str, torch.Tensor] = {}
+        self._removed: dict[tuple[str, int], list[int]] = {}
+
+    def removed(self, name: str, count: int) -> list[int]:
+        """The channels ``name``'s ranking removes at ``count`` (the analysis engine's choice)."""
+        key = (name, count)
+        if key not in self._removed:
+            param = self.by_name[name]
+            if name not in self._scores:
+                self._scores[name] = channel_scores(self.model, self.graph, param, self.engine_settings)
+            self._removed[key] = lowest_channels(self._scores[name], count, param.conv_blocks)
+        return self._removed[key]
+
+    def saved_alone(self, name: str, count: int) -> float:
+        cost = self.costs.variant(self.graph, self.by_name[name].module_name, self.removed(name, count))
+        dense = self.costs.dense
+        return float(dense.macs - cost.macs if self.measure == "macs" else dense.params - cost.params)
+
+    def options(self, sensitivities: Mapping[str, Mapping[float, float]]) -> list[GroupOptions]:
+        """One :class:`GroupOptions` per group of coupled params that has measured losses."""
+        analysed = [p for p in self.params if p.prunable and sensitivities.get(p.name)]
+        self.by_name = {p.name: p for p in analysed}
+        groups: list[list[PrunableParam]] = []
+        seen: set[str] = set()
+        for param in analysed:
+            if param.name in seen:
+                continue
+            members = [param] + [self.by_name[n] for n in param.coupled_params if n in self.by_name]
+            members = [p for p in analysed if p in members]  # model order
+            seen.update(p.name for p in members)
+            groups.append(members)
+        return [self._group_options(members, sensitivities) for members in groups]
+
+    def _group_options(self, members: list[PrunableParam], sensitivities: Mapping[str, Mapping[float, float]]
+                       ) -> GroupOptions:  # fmt: skip
+        channels = members[0].channels
+        step = len(members[0].conv_blocks) or 1
+        curves: dict[str, tuple[list[tuple[float, float]], list[tuple[float, float]]]] = {}
+        for param in members:
+            losses, saved = [(0.0, 0.0)], [(0.0, 0.0)]
+            for ratio, loss in sorted(sensitivities[param.name].items()):
+                count = param_count(param, ratio)
+                if count > losses[-1][0]:
+                    losses.append((float(count), float(loss)))
+                    saved.append((float(count), self.saved_alone(param.name, count)))
+            curves[param.name] = (losses, saved)
+        largest = int(max(points[0][-1][0] for points in curves.values()))
+        choices = []
+        for count in range(0, largest + 1, step):
+            candidates = [
+                (interpolate(losses, count), interpolate(saved, count), name)
+                for name, (losses, saved) in curves.items()
+                if count <= losses[-1][0]
+            ]
+            loss, saved, name = min(candidates)  # the member whose ranking is predicted to hurt least
+            choices.append(Choice(count, round(count / channels, 6), name, 0.0 if count == 0 else loss, saved))
+        return GroupOptions([p.name for p in members], channels, choices)
+
+    def joint_cost(self, removals: Sequence[tuple[str, Sequence[int]]]) -> Cost:
+        """The exact cost with every ``(param, channels)`` removal applied at once."""
+        groups = [removal_group(self.graph, self.model.get_submodule(self.by_name[name].module_name), channels)
+                  for name, channels in removals]  # fmt: skip
+        return self.costs.group_cost(self.graph, chain.from_iterable(groups))
+
+    def joint_saved(self, selection: Mapping[str, Choice]) -> float:
+        """The exact saving when every selected group is pruned at once."""
+        cost = self.joint_cost([(c.param, self.removed(c.param, c.count)) for c in selection.values() if c.count])
+        dense = self.costs.dense
+        return float(dense.macs - cost.macs if self.measure == "macs" else dense.params - cost.params)
+
+    def plan(self, options: Sequence[GroupOptions], allocation: Allocation, target: float,
+             settings: dict[str, Any]) -> Plan:  # fmt: skip
+        groups = []
+        for group in options:
+            choice = allocation.choices[group.key]
+            if choice.count:
+                ranking = self.by_name[choice.param]
+                groups.append(PlannedGroup(group.members, choice.param, ranking.module_name, group.channels,
+                                           self.removed(choice.param, choice.count), choice.loss))  # fmt: skip
+        pruned = self.joint_cost([(g.ranking_param, g.removed) for g in groups])
+        return Plan(self.measure, target, groups, allocation.predicted_loss, allocation.lower_bound,
+                    self.costs.dense, pruned, settings)  # fmt: skip

@@ -1,0 +1,144 @@
+"""Budget plans on real models: the target is met exactly, coupled params share a ratio, joint verification and the
+exported model reproduce what was measured, and the report shows predicted against measured loss."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from analysis import analysis_prune
+from analysis.config import load_config
+from analysis.data import build_eval_loader
+from analysis.errors import UserError
+from analysis.evaluate import evaluate
+from analysis.export import load_pruned
+from analysis.flops import count_cost
+from analysis.groups import find_prunable
+from analysis.models import build_model
+from analysis.physical import jointly_pruned_copy
+from analysis.plan import build_plan, plan_from_ratios
+from analysis.results import load_sidecar
+
+from conftest import REPO, CliResult, tiny_global, write_config
+from test_engine import batches, pseudo_labelled, randomize
+from tiny_models import tiny_densenet, tiny_resnet
+
+DEMO = ["digits_resnet.yaml", "digits_mobilenet.yaml"]
+
+
+def analysed(model: torch.nn.Module, path: Path, ratios=(0.25, 0.5, 0.75)) -> Path:
+    data = pseudo_labelled(model, batches(count=2))
+    analysis_prune(model, data, path, pruned_ratios=ratios, progress=False)
+    return path
+
+
+@pytest.mark.parametrize("factory", [tiny_resnet, tiny_densenet], ids=["resnet", "densenet"])
+@pytest.mark.parametrize("target", [0.2, 0.45])
+def test_plan_meets_the_target_exactly_and_its_cost_is_the_pruned_models(factory, target, tmp_path: Path) -> None:
+    model = randomize(factory())
+    example = batches(count=1)[0][0]
+    plan = build_plan(model, example, analysed(model, tmp_path / "s.pkl"), target)
+    pruned = jointly_pruned_copy(model, plan.removals(), example)
+    measured = count_cost(pruned, example)
+    assert (measured.macs, measured.params) == (plan.pruned.macs, plan.pruned.params)  # the joint cost is exact
+    assert 1 - measured.macs / plan.dense.macs >= target
+    assert plan.predicted_loss >= plan.lower_bound - 1e-12
+    coupled = {p.name: set(p.coupled_params) for p in find_prunable(model, example) if p.prunable}
+    ratios = plan.ratios
+    for name, partners in coupled.items():  # coupled params share their group's one ratio
+        for partner in partners & set(ratios):
+            assert name in ratios and ratios[name] == ratios[partner]
+
+
+def test_plan_from_ratios_applies_each_group_once(tmp_path: Path) -> None:
+    model = randomize(tiny_resnet())
+    example = batches(count=1)[0][0]
+    path = analysed(model, tmp_path / "s.pkl")
+    # conv1 and layer1.conv2 are coupled by the residual add: the first listed decides
+    plan = plan_from_ratios(model, example, path, {"conv1.weight": 0.25, "layer1.conv2.weight": 0.5,
+                                                   "layer2.conv1.weight": 0.5})  # fmt: skip
+    assert [(g.ranking_param, len(g.removed)) for g in plan.groups] == [("conv1.weight", 2),
+                                                                        ("layer2.conv1.weight", 8)]  # fmt: skip
+    with pytest.raises(UserError, match=r"'fc\.weight' is not a prunable conv weight"):
+        plan_from_ratios(model, example, path, {"fc.weight": 0.5})
+
+
+def test_unreachable_budget_is_one_clear_sentence(tmp_path: Path) -> None:
+    model = randomize(tiny_resnet())
+    example = batches(count=1)[0][0]
+    path = analysed(model, tmp_path / "s.pkl", ratios=(0.1,))
+    with pytest.raises(UserError, match=r"target_macs_reduction 0.9 cannot be reached: .* removes \d"):
+        build_plan(model, example, path, 0.9)
+
+
+@pytest.mark.parametrize("config_name", DEMO)
+def test_demo_plan_verified_and_exported(
+    config_name: str, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(REPO)
+    config_path = Path("configs/demo") / config_name
+    analysis_file, export_dir = tmp_path / "s.pkl", tmp_path / "export"
+    overrides = [f"SensitivityAnalysis.analysis_file={analysis_file}", "SensitivityAnalysis.pruned_ratios=[0.3,0.6]",
+                 "Global.max_samples=200"]  # fmt: skip
+    result = cli("plan", "--config_path", config_path, "--target_macs_reduction", "0.4", "--verify", "--export_dir",
+                 export_dir, *overrides)  # fmt: skip
+    assert result.code == 0, result.err
+    plan = load_sidecar(analysis_file)["plan"]  # the analysis ran first (the file was missing), then the plan
+    verification = plan["verification"]
+    assert 1 - verification["macs"]["pruned"] / verification["macs"]["dense"] >= 0.4
+    assert "measured loss" in result.out and "predicted" in result.out
+
+    config = load_config(config_path, overrides).Global
+    loader = build_eval_loader(config, torch.device("cpu"))
+    pickled = torch.load(export_dir / "pruned_model.pt", weights_only=False)
+    rebuilt = load_pruned(build_model(config), export_dir)  # no unpickling of code: JSON shapes + state_dict
+    for model in (pickled, rebuilt):
+        assert evaluate(model, loader).metrics()["top1"] == verification["pruned"]["top1"]
+    images = next(iter(loader))[0]
+    with torch.inference_mode():
+        assert torch.equal(pickled(images), rebuilt(images))
+    changed = json.loads((export_dir / "pruned_channels.json").read_text())["changed_layers"]
+    assert changed and all(rebuilt.get_submodule(name) is not None for name in changed)
+
+    block = yaml.safe_load((export_dir / "channel_prune.yaml").read_text())["ChannelPrune"]
+    assert block["prune_params_name"] and len(block["pruned_ratio"]) == len(block["prune_params_name"])
+    html = (tmp_path / "s.report.html").read_text()
+    assert "Pruning plan" in html and "measured top1 loss" in html and "predicted loss" in html
+
+    again = cli("verify", analysis_file, "--ratios", f"{analysis_file}.plan.yaml", "--no_report")
+    assert again.code == 0, again.err  # the config comes from the sidecar
+    assert load_sidecar(analysis_file)["plan"]["verification"]["pruned"]["top1"] == verification["pruned"]["top1"]
+
+
+def test_plan_cli_errors(cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(REPO)
+    config_path = Path("configs/demo/digits_resnet.yaml")
+    result = cli("plan", "--config_path", config_path, f"SensitivityAnalysis.analysis_file={tmp_path / 's.pkl'}")
+    assert result.code == 2 and "needs --target_macs_reduction" in result.err
+    result = cli("plan", "--config_path", config_path, "--target_macs_reduction", "1.5")
+    assert result.code == 2 and "target_macs_reduction must be between 0 and 1" in result.err
+    result = cli("verify", tmp_path / "missing.pkl", "--ratios", "r.yaml")
+    assert result.code == 2 and "does not exist" in result.err
+    assert not (tmp_path / "s.pkl").exists()
+
+
+def test_main_run_verifies_target_loss_ratios_from_the_yaml(cli: Callable[..., CliResult], tmp_path: Path,
+                                                            list_data: Path) -> None:  # fmt: skip
+    config = write_config(tmp_path / "c.yaml", {
+        "Global": tiny_global(list_data),
+        "SensitivityAnalysis": {"analysis_file": str(tmp_path / "s.pkl"), "pruned_ratios": [0.25, 0.5],
+                                "target_loss": 0.5, "verify": True, "export_dir": str(tmp_path / "export")},
+    })  # fmt: skip
+    result = cli("--config_path", config, "--no_report")
+    assert result.code == 0, result.err
+    plan = load_sidecar(tmp_path / "s.pkl")["plan"]
+    assert plan["source"].endswith("s.pkl.ratios.yaml") and "verification" in plan  # the target_loss ratios
+    ratios = yaml.safe_load((tmp_path / "s.pkl.ratios.yaml").read_text())["ChannelPrune"]
+    assert (tmp_path / "export" / "channel_prune.yaml").read_text() == (tmp_path / "s.pkl.ratios.yaml").read_text()
+    assert len(ratios["prune_params_name"]) >= len(plan["groups"])
+    assert "verified (all groups pruned at once)" in result.out
