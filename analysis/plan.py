@@ -206,7 +206,6 @@ def plan_from_ratios(
     with eval_mode(model):
         planner = _Planner(model, example_input, settings, "macs")
         params, costs = planner.params, planner.costs
-        planner.by_name = {p.name: p for p in params if p.prunable}
         decided: dict[str, str] = {}  # param -> the member that decided its group
         groups: list[PlannedGroup] = []
         for name, ratio in ratios.items():
@@ -281,7 +280,7 @@ class _Planner:
         self.engine_settings = EngineSettings(
             ratios=[0.5], criterion=settings["criterion"], group_reduction=settings["group_reduction"]
         )
-        self.by_name: dict[str, PrunableParam] = {}
+        self.by_name = {p.name: p for p in self.params if p.prunable}
         self._scores: dict[str, torch.Tensor] = {}
         self._removed: dict[tuple[str, int], list[int]] = {}
 
@@ -303,14 +302,12 @@ class _Planner:
     def options(self, sensitivities: Mapping[str, Mapping[float, float]]) -> list[GroupOptions]:
         """One :class:`GroupOptions` per group of coupled params that has measured losses."""
         analysed = [p for p in self.params if p.prunable and sensitivities.get(p.name)]
-        self.by_name = {p.name: p for p in analysed}
         groups: list[list[PrunableParam]] = []
         seen: set[str] = set()
         for param in analysed:
             if param.name in seen:
                 continue
-            members = [param] + [self.by_name[n] for n in param.coupled_params if n in self.by_name]
-            members = [p for p in analysed if p in members]  # model order
+            members = [p for p in analysed if p is param or p.name in param.coupled_params]  # model order
             seen.update(p.name for p in members)
             groups.append(members)
         return [self._group_options(members, sensitivities) for members in groups]
