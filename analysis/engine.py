@@ -236,18 +236,28 @@ class SensitivityEngine:
             bar.update(len(pending[param.name]) - len(ratios))  # units filled in by a coupled param
 
     def _pending(self, name: str) -> list[float]:
-        """The ratios of ``name`` still to evaluate: not in the file, and not beyond a recorded early stop."""
-        stop, baseline, metric = self.settings.early_stop, self.store.baseline, self.settings.metric
-        stopped_at = None
-        if stop is not None and baseline is not None and metric in baseline:
-            variants = (self.store.sidecar["params"].get(name) or {}).get("variants") or {}
-            scores = {r: variants.get(f"{r:g}", {}).get(metric) for r in self.settings.ratios}
-            base = float(baseline[metric])
-            tripped = [r for r, v in scores.items() if v is not None and stop.tripped(base, float(v))]
-            stopped_at = min(tripped, default=None)
+        """The ratios of ``name`` still to evaluate: not in the file, and not beyond a recorded early stop (the
+        sidecar's ``early_stop`` entry is brought in line with the current rule, which may have changed)."""
+        stopped_at = self.stop_ratio(name)
+        info = self.store.sidecar["params"].get(name)
+        if stopped_at is None and info is not None:
+            info.pop("early_stop", None)
+        elif stopped_at is not None and self.settings.early_stop is not None:
+            condition = self.settings.early_stop.describe()
+            self.store.describe_param(name, {"early_stop": {"ratio": stopped_at, "condition": condition}})
         return [
             r for r in self.settings.ratios if not self.store.has(name, r) and (stopped_at is None or r <= stopped_at)
         ]
+
+    def stop_ratio(self, name: str) -> float | None:
+        """The smallest recorded ratio of ``name`` whose metric trips the early stop (None: not stopped)."""
+        stop, baseline, metric = self.settings.early_stop, self.store.baseline, self.settings.metric
+        if stop is None or baseline is None or metric not in baseline:
+            return None
+        variants = (self.store.sidecar["params"].get(name) or {}).get("variants") or {}
+        scores = {r: variants.get(f"{r:g}", {}).get(metric) for r in self.settings.ratios}
+        base = float(baseline[metric])
+        return min((r for r, v in scores.items() if v is not None and stop.tripped(base, float(v))), default=None)
 
     def _progress_disabled(self) -> bool:
         return not sys.stderr.isatty() if self.settings.progress is None else not self.settings.progress

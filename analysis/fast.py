@@ -135,8 +135,30 @@ class FastSensitivityEngine(SensitivityEngine):
             job = self._job(prepared, ratios, baseline, report, bar)
             if job is not None:
                 jobs.append(job)
-        for chunk in self._chunks(jobs, float(baseline.get("seconds", 1.0))):
-            self._run_chunk(chunk, baseline, report, bar)
+        if self.settings.early_stop is None:
+            for chunk in self._chunks(jobs, float(baseline.get("seconds", 1.0))):
+                self._run_chunk(chunk, baseline, report, bar)
+            return
+        self._run_in_stages(jobs, baseline, report, bar)
+
+    def _run_in_stages(self, jobs: list[Job], baseline: dict, report: EngineReport, bar: tqdm) -> None:
+        """With early stop: pass ``k`` evaluates every param's ``k``-th ratio, so a param that stops is not
+        evaluated at its larger ratios (one walk of the unpruned prefix per stage instead of one in all)."""
+        active = [job for job in jobs if job.variants]
+        stage = 0
+        while active:
+            staged = [Job(job.prepared, job.plan, [job.variants[stage]]) for job in active]
+            for chunk in self._chunks(staged, float(baseline.get("seconds", 1.0))):
+                self._run_chunk(chunk, baseline, report, bar)
+            stage += 1
+            still = []
+            for job in active:
+                remaining = len(job.variants) - stage
+                if remaining and self.stop_ratio(job.prepared.param.name) is not None:
+                    bar.update(remaining)  # skipped by the early stop
+                elif remaining:
+                    still.append(job)
+            active = still
 
     def _job(self, prepared: Prepared, ratios: Sequence[float], baseline: dict, report: EngineReport,
              bar: tqdm) -> Job | None:  # fmt: skip

@@ -9,6 +9,7 @@ import pytest
 
 from analysis import analysis_prune
 from analysis.early_stop import EarlyStop
+from analysis.partition import GraphRunner
 from analysis.results import load_sensitivities, load_sidecar
 
 from conftest import tiny_global, write_config
@@ -112,3 +113,23 @@ def test_yaml_keys(tmp_path: Path, cli, list_data: Path) -> None:
     result = cli("--config_path", bad)
     assert result.code == 2
     assert "SensitivityAnalysis.early_stop_value" in result.err and not (tmp_path / "b.pkl").exists()
+
+
+def test_fast_engine_does_not_evaluate_the_skipped_ratios(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, data = stopped_data()
+    runs = []
+    original = GraphRunner.run_suffix
+
+    def counted(self, plan, frontier):
+        runs.append(1)
+        return original(self, plan, frontier)
+
+    monkeypatch.setattr(GraphRunner, "run_suffix", counted)
+    kwargs = dict(pruned_ratios=RATIOS, engine="fast", progress=False)
+    analysis_prune(model, data, tmp_path / "stop.pkl", early_stop_mode="dropped", early_stop_value=0.2, **kwargs)
+    with_stop = len(runs)
+    runs.clear()
+    analysis_prune(model, data, tmp_path / "all.pkl", **kwargs)
+    skipped = sum(len(RATIOS) - len(curve) for curve in load_sensitivities(tmp_path / "stop.pkl").values())
+    assert skipped > 0
+    assert len(runs) - with_stop == skipped * len(data)  # one suffix run per batch saved for every skipped variant
