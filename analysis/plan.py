@@ -125,7 +125,7 @@ class Plan:
             "measure": self.measure,
             "target": self.target,
             "source": self.source,
-            "method": "convex-hull greedy for the multiple-choice knapsack; summed predicted loss within "
+            "method": "multiple-choice knapsack by dynamic programming; summed predicted loss within "
             f"{max(0.0, self.predicted_loss - self.lower_bound):.6g} of the optimum"
             if self.source == "budget"
             else "ratios as given",

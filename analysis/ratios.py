@@ -2,7 +2,8 @@
 
 Two rules: ``target_loss`` follows PaddleSlim's ``get_ratios_by_loss`` exactly, so the same analysis file gives
 the same ratios in both tools; a MACs or params budget is met by :func:`allocate` (a multiple-choice knapsack over
-each group's interpolated curve, solved by the convex-hull greedy, with a bound on its distance to the optimum).
+each group's interpolated curve, solved by dynamic programming, with a certified bound on its distance to the
+optimum).
 Every loss was measured with one layer pruned alone; the YAML says so, because pruning several layers at once
 generally costs more than the sum of single layers suggests.
 """
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from analysis.config import RATIO_DECIMALS
@@ -245,8 +247,8 @@ class Allocation:
         choices: Group key -> choice (groups left unpruned are included with their count-0 choice).
         predicted_loss: Sum of the chosen predicted losses.
         predicted_saved: Sum of the chosen predicted savings (the exact joint saving is at most this).
-        lower_bound: No allocation reaching the target has a smaller summed predicted loss (the LP relaxation's
-            optimum), so ``predicted_loss - lower_bound`` bounds how far from optimal this one can be.
+        lower_bound: No allocation reaching the target has a smaller summed predicted loss (the knapsack program
+            with savings rounded up), so ``predicted_loss - lower_bound`` bounds how far from optimal this one is.
         target: The saving asked for.
     """
 
@@ -280,47 +282,6 @@ def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
     return points[-1][1]
 
 
-def hull_steps(options: Sequence[GroupOptions]) -> list[tuple[str, Choice, float]]:
-    """Every group's lower convex hull of (saved, loss) from "do not prune", as steps ``(group key, choice after
-    the step, slope)``, all groups merged by increasing slope (loss added per unit saved).
-
-    Taking steps in this order is the greedy that solves the linear relaxation of the multiple-choice knapsack
-    exactly (Sinha and Zoltners, 1979): choices off a hull are never better than a mix of hull neighbours.
-    """
-    steps: list[tuple[str, Choice, float]] = []
-    for group in options:
-        slope = -math.inf
-        for before, after in pairwise(_lower_hull(group.choices)):
-            # hull slopes never decrease; max() keeps rounding (0.3 - 0.2 < 0.1) from reordering a group's steps
-            slope = max(slope, (after.loss - before.loss) / (after.saved - before.saved))
-            steps.append((group.key, after, slope))
-    return sorted(steps, key=lambda step: step[2])  # stable: a group's equal-slope steps keep their order
-
-
-def _lower_hull(choices: Sequence[Choice]) -> list[Choice]:
-    """The lower convex hull of the choices' (saved, loss) points, from the count-0 choice rightwards."""
-    best: dict[float, Choice] = {}
-    for choice in choices:  # for equal savings only the smallest loss can be on the hull
-        if choice.saved not in best or choice.loss < best[choice.saved].loss:
-            best[choice.saved] = choice
-    start = choices[0]
-    points = sorted((c for c in best.values() if c.saved > start.saved), key=lambda c: c.saved)
-    hull = [start]
-    for point in points:
-        while len(hull) >= 2 and _cross(hull[-2], hull[-1], point) < 0:  # collinear points stay: finer steps
-            hull.pop()
-        hull.append(point)
-    return hull
-
-
-def _cross(a: Choice, b: Choice, c: Choice) -> float:
-    """< 0 when b lies above the segment a-c (so it is not on the lower hull); collinear points give 0, also when
-    rounding makes them differ in the last bits (0.1, 0.2, 0.3 stay in a line)."""
-    left = (b.saved - a.saved) * (c.loss - a.loss)
-    right = (b.loss - a.loss) * (c.saved - a.saved)
-    return 0.0 if math.isclose(left, right, rel_tol=1e-9, abs_tol=1e-15) else left - right
-
-
 def allocate(
     options: Sequence[GroupOptions],
     target: float,
@@ -328,11 +289,13 @@ def allocate(
 ) -> Allocation:
     """Choose one option per group so the saving reaches ``target`` with the smallest summed predicted loss.
 
-    The method: merge the groups' convex-hull steps by slope and take the shortest prefix whose saving reaches
-    the target. Its predicted loss is within one step of the linear relaxation's optimum (:attr:`Allocation.gap`
-    says how far at most); when the target falls on a hull vertex the result is optimal. Savings of several groups
-    are not additive (a conv losing input channels to one group and filters to another is counted twice), so
-    ``joint_saved`` (the exact saving of a selection) decides when the target is reached; the prefix only grows.
+    The method: dynamic programming over the multiple-choice knapsack, with savings counted in units of
+    ``target / RESOLUTION`` (rounded to the nearest unit). The plan's saving is then checked without rounding (with
+    ``joint_saved``, the exact saving of a selection: savings of several groups are not additive, a conv losing
+    input channels to one group and filters to another is counted twice) and the program's goal raised by any
+    shortfall until the target is met; a local search then moves single groups to cheaper choices the surplus
+    allows. The same program with savings rounded up relaxes the problem and gives a lower bound no plan can beat,
+    so ``predicted_loss - lower_bound`` (:attr:`Allocation.gap`) certifies how close to optimal the plan is.
 
     Args:
         options: The groups and their choices.
@@ -340,71 +303,97 @@ def allocate(
         joint_saved: Exact saving of a selection (default: the sum of the predicted savings).
 
     Raises:
-        BudgetUnreachable: If taking every step still saves less than ``target``.
+        BudgetUnreachable: If every group at its largest choice still saves less than ``target``.
     """
-    steps = hull_steps(options)
-    empty = {group.key: group.choices[0] for group in options}
-
-    def selection(taken: int) -> dict[str, Choice]:
-        chosen = dict(empty)
-        for key, choice, _ in steps[:taken]:
-            chosen[key] = choice
-        return chosen
-
-    def additive(chosen: Mapping[str, Choice]) -> float:
-        return sum(choice.saved for choice in chosen.values())
-
-    exact = joint_saved or additive
-    if exact(selection(len(steps))) < target:
-        best = exact(selection(len(steps)))
-        raise BudgetUnreachable(f"the largest measured ratios save {best:.6g}, less than the {target:.6g} asked for")
-    low, high = 0, len(steps)  # smallest prefix reaching the target: exact saving grows with the prefix
-    while low < high:
-        middle = (low + high) // 2
-        if exact(selection(middle)) >= target:
-            high = middle
-        else:
-            low = middle + 1
-    chosen = _refine_last_step(options, steps[:low], selection(low), target, exact)
-    return Allocation(chosen, sum(c.loss for c in chosen.values()), additive(chosen), _lp_bound(steps, empty, target),
-                      target)  # fmt: skip
+    exact = joint_saved or _additive
+    largest = {group.key: max(group.choices, key=lambda c: c.saved) for group in options}
+    if exact(largest) < target:
+        raise BudgetUnreachable(f"the largest measured ratios save {exact(largest):.6g}, less than the {target:.6g} "
+                                "asked for")  # fmt: skip
+    unit = target / max(RESOLUTION, 100 * len(options)) if target > 0 else 1.0  # rounding costs <= 1% of target
+    goal = target
+    chosen = dict(largest)
+    for _ in range(RESOLUTION):  # each round raises the goal by the last shortfall; it ends within a few rounds
+        solved, _ = _knapsack(options, goal, unit, round)
+        if solved is None:
+            break  # even the raised goal is out of reach additively: keep the largest choices, which reach it
+        if exact(solved) >= target:
+            chosen = solved
+            break
+        goal += max(target - exact(solved), unit)
+    chosen = _improve(options, chosen, target, exact)
+    _, bound = _knapsack(options, target, unit, math.ceil)
+    return Allocation(chosen, sum(c.loss for c in chosen.values()), _additive(chosen), bound, target)
 
 
-def _refine_last_step(
+RESOLUTION = 4000  # savings are counted in units of target / RESOLUTION (or finer, for many groups)
+
+
+def _additive(chosen: Mapping[str, Choice]) -> float:
+    return sum(choice.saved for choice in chosen.values())
+
+
+def _knapsack(
+    options: Sequence[GroupOptions], goal: float, unit: float, rounding: Callable[[float], int]
+) -> tuple[dict[str, Choice] | None, float]:
+    """Smallest summed loss with one choice per group whose savings, in ``unit``s rounded by ``rounding``, add up
+    to at least ``goal``: the choices (None if unreachable) and that loss (inf if unreachable).
+
+    ``best[s]`` is the smallest loss of the groups so far saving ``s`` units (the last state: ``goal`` or more).
+    """
+    states = max(1, math.ceil(goal / unit - 1e-9))
+    best = np.full(states + 1, np.inf)
+    best[0] = 0.0
+    picks: list[tuple[np.ndarray, np.ndarray]] = []  # per group: the choice index and previous state of each state
+    for group in options:
+        new, pick, previous = np.full(states + 1, np.inf), np.zeros(states + 1, int), np.zeros(states + 1, int)
+        for index, choice in enumerate(group.choices):
+            shift = min(states, max(0, rounding(choice.saved / unit)))
+            candidate = np.full(states + 1, np.inf)
+            source = np.arange(states + 1) - shift
+            candidate[shift:] = best[: states + 1 - shift] + choice.loss
+            tail = int(np.argmin(best[states - shift :])) + states - shift  # every state >= goal ends in the last
+            candidate[states] = best[tail] + choice.loss
+            source[states] = tail
+            better = candidate < new
+            new[better], pick[better], previous[better] = candidate[better], index, source[better]
+        best = new
+        picks.append((pick, previous))
+    if not np.isfinite(best[states]):
+        return None, math.inf
+    chosen: dict[str, Choice] = {}
+    state = states
+    for group, (pick, previous) in zip(reversed(options), reversed(picks), strict=True):
+        chosen[group.key] = group.choices[int(pick[state])]
+        state = int(previous[state])
+    return {group.key: chosen[group.key] for group in options}, float(best[states])
+
+
+def _improve(
     options: Sequence[GroupOptions],
-    taken: Sequence[tuple[str, Choice, float]],
     chosen: dict[str, Choice],
     target: float,
     exact: Callable[[Mapping[str, Choice]], float],
 ) -> dict[str, Choice]:
-    """The last hull step may jump over choices that lie above the hull but already reach the target: take the
-    one among them with the smallest loss (only ever lowers the summed loss; the target stays met)."""
-    if not taken:
-        return chosen
-    key, after, _ = taken[-1]
-    before = next((choice for k, choice, _ in reversed(taken[:-1]) if k == key), None)
-    group = next(g for g in options if g.key == key)
-    start = before.count if before is not None else group.choices[0].count
-    between = sorted((c for c in group.choices if start < c.count < after.count and c.loss < after.loss),
-                     key=lambda c: (c.loss, c.count))  # fmt: skip
-    for candidate in between:
-        trial = {**chosen, key: candidate}
-        if exact(trial) >= target:
-            return trial
-    return chosen
+    """Local search after the knapsack: repeatedly move the one group to a cheaper choice that lowers the summed
+    loss most while the saving stays on target (rounding and the raised goal can leave a surplus to spend).
 
-
-def _lp_bound(steps: Sequence[tuple[str, Choice, float]], empty: Mapping[str, Choice], target: float) -> float:
-    """The linear relaxation's optimum: whole steps by slope, then the fraction of the next one the target needs."""
-    current = dict(empty)
-    saved = sum(c.saved for c in current.values())
-    loss = sum(c.loss for c in current.values())
-    for key, choice, slope in steps:
-        if saved >= target:
+    A move is only considered when the group's own saving drops by at most the current surplus; since savings of
+    different groups overlap, the exact joint saving then drops by no more than that, so the target stays met (the
+    final selection is checked exactly anyway, and the input is kept if the check ever failed).
+    """
+    current = dict(chosen)
+    by_key = {group.key: group for group in options}
+    for _ in range(10 * len(options)):
+        surplus = exact(current) - target
+        best: tuple[float, str, Choice] | None = None
+        for key, now in current.items():
+            cheaper = [c for c in by_key[key].choices if c.loss < now.loss and c.saved >= now.saved - surplus]
+            if cheaper:
+                candidate = min(cheaper, key=lambda c: (c.loss, -c.saved))
+                if best is None or now.loss - candidate.loss > best[0]:
+                    best = (now.loss - candidate.loss, key, candidate)
+        if best is None:
             break
-        step_saved = choice.saved - current[key].saved
-        fraction = min(1.0, (target - saved) / step_saved)
-        saved += fraction * step_saved
-        loss += fraction * slope * step_saved
-        current[key] = choice
-    return loss
+        current[best[1]] = best[2]
+    return current if exact(current) >= target else chosen
