@@ -290,12 +290,12 @@ def allocate(
     """Choose one option per group so the saving reaches ``target`` with the smallest summed predicted loss.
 
     The method: dynamic programming over the multiple-choice knapsack, with savings counted in units of
-    ``target / RESOLUTION`` (rounded to the nearest unit). The plan's saving is then checked without rounding (with
-    ``joint_saved``, the exact saving of a selection: savings of several groups are not additive, a conv losing
-    input channels to one group and filters to another is counted twice) and the program's goal raised by any
+    ``target / RESOLUTION`` rounded up. Rounding up relaxes the problem, so the program's optimum is a lower bound no
+    plan can beat (:attr:`Allocation.lower_bound`). Its choices are then checked without rounding, with
+    ``joint_saved`` (the exact saving of a selection: savings of several groups are not additive, a conv losing
+    input channels to one group and filters to another is counted twice), and the program's goal raised by any
     shortfall until the target is met; a local search then moves single groups to cheaper choices the surplus
-    allows. The same program with savings rounded up relaxes the problem and gives a lower bound no plan can beat,
-    so ``predicted_loss - lower_bound`` (:attr:`Allocation.gap`) certifies how close to optimal the plan is.
+    allows. ``predicted_loss - lower_bound`` (:attr:`Allocation.gap`) certifies how close to optimal the plan is.
 
     Args:
         options: The groups and their choices.
@@ -311,18 +311,17 @@ def allocate(
         raise BudgetUnreachable(f"the largest measured ratios save {exact(largest):.6g}, less than the {target:.6g} "
                                 "asked for")  # fmt: skip
     unit = target / max(RESOLUTION, 100 * len(options)) if target > 0 else 1.0  # rounding costs <= 1% of target
-    goal = target
-    chosen = dict(largest)
+    solved, bound = _knapsack(options, target, unit)  # savings rounded up: a relaxation, so ``bound`` is a bound
+    goal, chosen = target, dict(largest)
     for _ in range(RESOLUTION):  # each round raises the goal by the last shortfall; it ends within a few rounds
-        solved, _ = _knapsack(options, goal, unit, round)
         if solved is None:
             break  # even the raised goal is out of reach additively: keep the largest choices, which reach it
         if exact(solved) >= target:
             chosen = solved
             break
         goal += max(target - exact(solved), unit)
+        solved, _ = _knapsack(options, goal, unit)
     chosen = _improve(options, chosen, target, exact)
-    _, bound = _knapsack(options, target, unit, math.ceil)
     return Allocation(chosen, sum(c.loss for c in chosen.values()), _additive(chosen), bound, target)
 
 
@@ -333,11 +332,10 @@ def _additive(chosen: Mapping[str, Choice]) -> float:
     return sum(choice.saved for choice in chosen.values())
 
 
-def _knapsack(
-    options: Sequence[GroupOptions], goal: float, unit: float, rounding: Callable[[float], int]
-) -> tuple[dict[str, Choice] | None, float]:
-    """Smallest summed loss with one choice per group whose savings, in ``unit``s rounded by ``rounding``, add up
-    to at least ``goal``: the choices (None if unreachable) and that loss (inf if unreachable).
+def _knapsack(options: Sequence[GroupOptions], goal: float, unit: float) -> tuple[dict[str, Choice] | None, float]:
+    """Smallest summed loss with one choice per group whose savings, in ``unit``s rounded up, add up to at least
+    ``goal``: the choices (None if unreachable) and that loss (inf if unreachable). Rounding up relaxes the
+    problem, so the loss is a lower bound for ``goal``; the caller checks the choices without rounding.
 
     ``best[s]`` is the smallest loss of the groups so far saving ``s`` units (the last state: ``goal`` or more).
     """
@@ -348,7 +346,7 @@ def _knapsack(
     for group in options:
         new, pick, previous = np.full(states + 1, np.inf), np.zeros(states + 1, int), np.zeros(states + 1, int)
         for index, choice in enumerate(group.choices):
-            shift = min(states, max(0, rounding(choice.saved / unit)))
+            shift = min(states, max(0, math.ceil(choice.saved / unit - 1e-9)))
             candidate = np.full(states + 1, np.inf)
             source = np.arange(states + 1) - shift
             candidate[shift:] = best[: states + 1 - shift] + choice.loss

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from analysis.ratios import BudgetUnreachable, Choice, GroupOptions, allocate, interpolate
+from analysis.ratios import BudgetUnreachable, Choice, GroupOptions, _improve, allocate, interpolate
 
 
 def group(name: str, points: list[tuple[float, float]]) -> GroupOptions:
@@ -106,3 +106,19 @@ def test_choices_off_the_convex_hull_are_used() -> None:
     result = allocate([a], 2)
     assert result.choices["a"].saved == 2 and result.predicted_loss == pytest.approx(0.09)
     assert result.predicted_loss == pytest.approx(brute_force([a], 2))
+
+
+def test_savings_that_only_just_add_up_are_not_lost_to_rounding() -> None:
+    # three thirds that together save just over the target beat one expensive group; rounding each third's saving
+    # to the nearest unit would make them fall short and the bound would exceed the optimum
+    thirds = [group(name, [(0, 0), (0.33334, 0.01)]) for name in "abc"]
+    expensive = group("d", [(0, 0), (1.0, 1.0)])
+    result = allocate([*thirds, expensive], 1.0)
+    assert result.predicted_loss == pytest.approx(0.03) and result.choices["d"].saved == 0
+    assert result.lower_bound == pytest.approx(0.03) and result.gap == pytest.approx(0.0)
+
+
+def test_surplus_is_spent_on_cheaper_choices() -> None:
+    a = group("a", [(0, 0), (2, 0.01), (4, 0.05)])
+    chosen = {"a": a.choices[2]}  # saves 4 where 2 is enough
+    assert _improve([a], chosen, 2, lambda selection: sum(c.saved for c in selection.values()))["a"].saved == 2

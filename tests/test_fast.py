@@ -44,7 +44,7 @@ def variant_metrics(sidecar: dict) -> dict:
 @pytest.mark.parametrize("config_name", ["digits_resnet.yaml", "digits_mobilenet.yaml"])
 def test_demo_models_fast_equals_reference(config_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
-    config = load_config(Path("configs/demo") / config_name).Global
+    config = load_config(Path("configs/demo") / config_name, ["Global.max_samples=200"]).Global
     loader = build_eval_loader(config, torch.device("cpu"))
     assert apply_data_cache(loader, "ram", None, progress=False)
     reference, fast = analyse_both(build_model(config), loader, tmp_path, pruned_ratios=(0.2, 0.4))
@@ -54,13 +54,13 @@ def test_demo_models_fast_equals_reference(config_name: str, tmp_path: Path, mon
 
 @pytest.mark.parametrize(
     ("name", "prune_every"),
-    [("resnet18", 1), ("mobilenet_v2", 1), pytest.param("densenet121", 5, marks=pytest.mark.slow)],
+    [("resnet18", 1), ("mobilenet_v2", 1), pytest.param("densenet121", 10, marks=pytest.mark.slow)],
 )
 def test_torchvision_fast_equals_reference(name: str, prune_every: int, tmp_path: Path) -> None:
     model = randomize(torchvision.models.get_model(name, num_classes=10))
     data = pseudo_labelled(model, batches(count=2, size=4, resolution=32))
     prunable = [p.name for p in find_prunable(model, data[0][0]) if p.prunable]
-    chosen = prunable[::prune_every]  # densenet121: every 5th of its 120 convs, across all dense blocks
+    chosen = prunable[::prune_every]  # densenet121: every 10th of its 120 convs, across all dense blocks
     reference, fast = analyse_both(model, data, tmp_path, pruned_ratios=(0.3, 0.6), metric="ce", prune_params=chosen)
     assert variant_metrics(fast) == variant_metrics(reference)
 
