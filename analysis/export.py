@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -59,15 +60,14 @@ def export_pruned(
     description = {"format": FORMAT_VERSION, "changed_layers": changed, **(extra or {})}
     paths = {"model": directory / MODEL_FILE, "state_dict": directory / STATE_DICT_FILE,
              "channels": directory / CHANNELS_FILE}  # fmt: skip
-    atomic_write_bytes(paths["model"], _saved(pruned))
-    atomic_write_bytes(paths["state_dict"], _saved(pruned.state_dict()))
+    atomic_write_bytes(paths["model"], saved_bytes(pruned))
+    atomic_write_bytes(paths["state_dict"], saved_bytes(pruned.state_dict()))
     atomic_write_text(paths["channels"], json.dumps(description, indent=1) + "\n")
     return paths
 
 
-def _saved(obj: Any) -> bytes:
-    import io
-
+def saved_bytes(obj: Any) -> bytes:
+    """What ``torch.save(obj, file)`` writes, in memory."""
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return buffer.getvalue()

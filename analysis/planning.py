@@ -79,19 +79,19 @@ def run_plan_step(
     if ratios_file is None and target is not None:
         measure, value = target
         plan = build_plan(model, example, analysis_file, value, measure)
-        written: Path | None = plan_path(analysis_file)
+        source = plan_path(analysis_file)
         note = (
             f"Budget plan: {measure} reduced by >= {value:g} (exactly {plan.reduction:.4f}) with the smallest "
             f"summed predicted loss ({plan.predicted_loss:.4f}); coupled params share their group's ratio."
         )
-        save_ratios_yaml(written, plan.ratios, list(plan.ratios), plan.settings["criterion"], note=note)
+        save_ratios_yaml(source, plan.ratios, list(plan.ratios), plan.settings["criterion"], note=note)
+        result = PlanResult(plan, source)
     else:
         source = Path(ratios_file) if ratios_file is not None else ratios_path(analysis_file)
         if not source.is_file():
             raise ConfigError(f"No ratios to apply: {source} does not exist; set a budget or target_loss first.")
         plan = plan_from_ratios(model, example, analysis_file, load_ratios_yaml(source), source=str(source))
-        written = None
-    result = PlanResult(plan, written)
+        result = PlanResult(plan, None)
     pruned = None
     if s.verify:
         pruned, result.verification = verify_plan(
@@ -102,8 +102,7 @@ def run_plan_step(
         pruned = pruned if pruned is not None else jointly_pruned_copy(model, plan.removals(), example)
         extra = {"plan": plan.as_dict(), "arch": config.Global.arch, "arch_kwargs": config.Global.arch_kwargs}
         result.exported = export_pruned(pruned, model, s.export_dir, extra)
-        yaml_source = written or ratios_file or ratios_path(analysis_file)
-        shutil.copyfile(yaml_source, Path(s.export_dir) / EXPORTED_YAML)
+        shutil.copyfile(source, Path(s.export_dir) / EXPORTED_YAML)
         result.exported["ratios"] = Path(s.export_dir) / EXPORTED_YAML
     _record(analysis_file, result)
     return result

@@ -8,7 +8,6 @@ dense model's.
 
 from __future__ import annotations
 
-import io
 import logging
 import statistics
 import time
@@ -20,6 +19,7 @@ import torch
 from torch import nn
 
 from analysis.engine import relative_loss
+from analysis.export import saved_bytes
 from analysis.flops import count_cost
 from analysis.physical import jointly_pruned_copy
 from analysis.plan import Plan
@@ -120,9 +120,7 @@ def verify_plan(
 
 def checkpoint_bytes(model: nn.Module) -> int:
     """Size of ``torch.save(model.state_dict())``: what a checkpoint of the weights takes on disk."""
-    buffer = io.BytesIO()
-    torch.save(model.state_dict(), buffer)
-    return buffer.getbuffer().nbytes
+    return len(saved_bytes(model.state_dict()))
 
 
 def median_latency_ms(model: nn.Module, example_input: torch.Tensor, batch_size: int) -> float:
