@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from analysis.config import RATIO_DECIMALS, normalise_ratios
-from analysis.criteria import CRITERIA
+from analysis.criteria import CRITERIA, lowest_channels
 from analysis.early_stop import EarlyStop, early_stop_from
 from analysis.elementwise import ELEMENT_DIMS, element_slices, magnitude_order
 from analysis.engine import EngineSettings
@@ -225,7 +225,7 @@ class SensitivityAnalysis:
             else:
                 assert scores is not None
                 count = int(weight.shape[0] * sparsity) if weight.shape[0] > 1 else 0
-                filters = torch.argsort(scores.float().cpu(), stable=True)[:count].to(weight.device)
+                filters = torch.tensor(lowest_channels(scores, count), dtype=torch.long, device=weight.device)
                 slices = [(weight.data, filters)]
                 if getattr(module, "bias", None) is not None:
                     slices.append((module.bias.data, filters))

@@ -242,12 +242,18 @@ class SensitivityEngine:
         info = self.store.sidecar["params"].get(name)
         if stopped_at is None and info is not None:
             info.pop("early_stop", None)
-        elif stopped_at is not None and self.settings.early_stop is not None:
-            condition = self.settings.early_stop.describe()
-            self.store.describe_param(name, {"early_stop": {"ratio": stopped_at, "condition": condition}})
+        elif stopped_at is not None:
+            self._mark_early_stop([name], stopped_at)
         return [
             r for r in self.settings.ratios if not self.store.has(name, r) and (stopped_at is None or r <= stopped_at)
         ]
+
+    def _mark_early_stop(self, names: Sequence[str], ratio: float) -> None:
+        """Record in the sidecar that ``names`` stopped at ``ratio`` (and under which condition)."""
+        assert self.settings.early_stop is not None
+        condition = self.settings.early_stop.describe()
+        for name in names:
+            self.store.describe_param(name, {"early_stop": {"ratio": ratio, "condition": condition}})
 
     def stop_ratio(self, name: str) -> float | None:
         """The smallest recorded ratio of ``name`` whose metric trips the early stop (None: not stopped)."""
@@ -388,8 +394,7 @@ class SensitivityEngine:
         stopped = stop is not None and stop.tripped(float(baseline[metric]), float(metrics[metric]))
         names = [n for n in prepared.names if not self.store.has(n, ratio)]
         if stopped:
-            for name in names:
-                self.store.describe_param(name, {"early_stop": {"ratio": ratio, "condition": stop.describe()}})
+            self._mark_early_stop(names, ratio)
         self.store.record(names, ratio, loss, details)
         report.evaluated += 1
         bar.update(1)
