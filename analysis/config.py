@@ -36,6 +36,7 @@ DATA_CACHE_MODES = ("auto", "ram", "off")
 ENGINES = ("fast", "reference")
 METRIC_MODES = ("relative", "absolute")
 GRANULARITIES = ("filter", "element")
+PLAN_METHODS = ("knapsack", "measured")
 RATIO_DECIMALS = 6
 
 # Blocks of PaddleSlim ACT compression configs. They configure training-time compression, which this tool does
@@ -84,6 +85,10 @@ class GlobalConfig:
     device: str = "auto"
     max_samples: int | None = None
     seed: int = 0
+    calib_list: str | None = None
+    calib_samples: int = 1024
+    calib_resize_size: int | None = None
+    calib_img_size: int | None = None
 
 
 @dataclass
@@ -104,8 +109,12 @@ class SensitivityConfig:
     granularity: str = "filter"
     early_stop_mode: str | None = None
     early_stop_value: float | None = None
+    adaptive_bn: bool = False
+    round_to: int = 1
     target_macs_reduction: float | None = None
     target_params_reduction: float | None = None
+    plan_method: str = "knapsack"
+    eval_budget: int = 60
     verify: bool = False
     export_dir: str | None = None
     report: bool = True
@@ -204,6 +213,7 @@ def validate(config: Config) -> None:
         )
     if g.max_samples is not None and g.max_samples < 1:
         raise ConfigError(f"Global.max_samples must be a positive integer (or unset for all), got {g.max_samples}.")
+    validate_calibration(g)
     if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+|mps", g.device):
         raise ConfigError(f"Global.device must be auto, cpu, cuda or cuda:N, got '{g.device}'.")
 
@@ -228,6 +238,19 @@ def validate(config: Config) -> None:
         if s.engine != "fast":
             raise ConfigError("SensitivityAnalysis.precision needs SensitivityAnalysis.engine: fast.")
     early_stop_from(s.early_stop_mode, s.early_stop_value, "SensitivityAnalysis.early_stop_mode")
+    if s.round_to < 1:
+        raise ConfigError(
+            f"SensitivityAnalysis.round_to must be a positive integer (1 = no rounding), got {s.round_to}."
+        )
+    if s.round_to > 1 and s.granularity == "element":
+        raise ConfigError(
+            "SensitivityAnalysis.round_to rounds channel counts; it does not apply to granularity: element."
+        )
+    if s.adaptive_bn and g.calib_samples == 0:
+        raise ConfigError(
+            "SensitivityAnalysis.adaptive_bn re-estimates BatchNorm statistics on calibration images, but "
+            "Global.calib_samples is 0; set it to a positive number (default 1024)."
+        )
     validate_budget(s)
     check_granularity(s.granularity, s.criterion, "SensitivityAnalysis.")
     if not s.analysis_file:
@@ -249,11 +272,41 @@ def validate_budget(s: SensitivityConfig) -> None:
     for key, value in given.items():
         if not (0.0 < value < 1.0 and math.isfinite(value)):
             raise ConfigError(f"SensitivityAnalysis.{key} must be between 0 and 1 (0.4 = 40% fewer), got {value}.")
+    check_choice("SensitivityAnalysis.plan_method", s.plan_method, PLAN_METHODS)
+    if s.eval_budget < 1:
+        raise ConfigError(
+            f"SensitivityAnalysis.eval_budget must be a positive number of evaluations, got {s.eval_budget}."
+        )
     if (s.verify or s.export_dir) and not given and s.target_loss is None:
         key = "verify" if s.verify else "export_dir"
         raise ConfigError(
             f"SensitivityAnalysis.{key} needs ratios to apply: set SensitivityAnalysis.target_macs_reduction, "
             "target_params_reduction or target_loss."
+        )
+
+
+def validate_calibration(g: GlobalConfig) -> None:
+    """Calibration keys: a non-negative image count and sizes that make a valid center crop."""
+    if g.calib_samples < 0:
+        raise ConfigError(
+            f"Global.calib_samples must be 0 (no calibration) or a positive number of images, got {g.calib_samples}."
+        )
+    for key in ("calib_img_size", "calib_resize_size"):
+        value = getattr(g, key)
+        if value is not None and value < 1:
+            raise ConfigError(
+                f"Global.{key} must be a positive integer (or unset for the evaluation size), got {value}."
+            )
+    img = g.calib_img_size if g.calib_img_size is not None else g.img_size
+    resize = g.calib_resize_size if g.calib_resize_size is not None else g.resize_size
+    if resize < img:
+        raise ConfigError(
+            f"Global.calib_resize_size ({resize}) is smaller than Global.calib_img_size ({img}); the center crop would "
+            "pad the calibration images, so set calib_resize_size >= calib_img_size."
+        )
+    if g.calib_list is not None and not g.calib_list.strip():
+        raise ConfigError(
+            "Global.calib_list is empty; name a list file or a folder of class folders, or leave it unset."
         )
 
 

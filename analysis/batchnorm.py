@@ -1,0 +1,148 @@
+"""BatchNorm re-estimation of a pruned network (adaptive BN): fresh running statistics where pruning changed them.
+
+Removing channels changes the values that reach every BatchNorm downstream of a layer that lost input channels, so
+those layers' running statistics, estimated on the dense network, no longer fit: that, not the removed channels,
+is what makes a jointly pruned BN network collapse. Here the affected layers (and only those) have their statistics
+reset and re-estimated as cumulative averages over calibration batches, in train mode for those layers alone
+(dropout, other BatchNorms and everything else stay in eval mode), under ``torch.no_grad()``; this is what
+``torch.optim.swa_utils.update_bn`` does for every BN layer, restricted to the changed ones.
+
+Which layers change is read from the Torch-Pruning dependency graph: the *sources* of a removal are the group's
+members whose remaining outputs differ (consumers losing input slices, channel-normalising layers); every
+BatchNorm reachable from a source is affected. Members that only lose channels (the pruned conv's own filters, its
+BatchNorm, depthwise convs) keep the values of their remaining channels, so a BatchNorm that follows them directly
+keeps its statistics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch_pruning as tp
+from torch import nn
+
+from analysis.groups import PASS_THROUGH, is_depthwise, is_out_channel_item
+
+BatchNorm = nn.modules.batchnorm._BatchNorm
+
+# Members whose remaining channels keep their values when some channels are removed.
+_CHANNEL_PRESERVING = (BatchNorm, nn.PReLU, nn.Parameter)
+
+
+def changed_sources(graph: tp.DependencyGraph, group: Iterable[Any]) -> list[Any]:
+    """The members of a removal group whose remaining outputs change: consumers that lose input channels,
+    channel-normalising layers (LayerNorm/GroupNorm) and anything not known to preserve the remaining channels."""
+    sources: list[Any] = []
+    for item in group:
+        module = item.dep.target.module
+        if not list(item.idxs) or isinstance(module, _CHANNEL_PRESERVING) or is_depthwise(module):
+            continue
+        if graph.module2node[module].type in PASS_THROUGH:
+            continue
+        if isinstance(module, (nn.modules.conv._ConvNd, nn.Linear)) and is_out_channel_item(graph, item):
+            continue
+        if module not in sources:
+            sources.append(module)
+    return sources
+
+
+def downstream_batchnorms(graph: tp.DependencyGraph, sources: Iterable[Any]) -> list[BatchNorm]:
+    """Every BatchNorm (with running statistics) whose input depends on the output of one of ``sources``, in the
+    graph's module order."""
+    stack = [graph.module2node[module] for module in sources if module in graph.module2node]
+    seen: set[Any] = set()
+    found: set[BatchNorm] = set()
+    while stack:
+        node = stack.pop()
+        for user in node.outputs:
+            if user in seen:
+                continue
+            seen.add(user)
+            if isinstance(user.module, BatchNorm) and user.module.track_running_stats:
+                found.add(user.module)
+            stack.append(user)
+    return [module for module in graph.model.modules() if module in found]
+
+
+def affected_batchnorms(graph: tp.DependencyGraph, groups: Iterable[Iterable[Any]]) -> list[BatchNorm]:
+    """The BatchNorm layers whose statistics the removal ``groups`` (applied together) change."""
+    sources: list[Any] = []
+    for group in groups:
+        sources.extend(m for m in changed_sources(graph, group) if m not in sources)
+    return downstream_batchnorms(graph, sources)
+
+
+def batchnorm_names(model: nn.Module, layers: Iterable[nn.Module]) -> list[str]:
+    """Module names of ``layers`` in ``model`` (model order), to find the same layers in a pruned copy."""
+    wanted = set(layers)
+    return [name for name, module in model.named_modules() if module in wanted]
+
+
+@dataclass
+class CalibrationStats:
+    """What a re-estimation did: the layers reset and the calibration images seen."""
+
+    layers: list[str]
+    images: int
+
+
+def reestimate(
+    model: nn.Module, layers: Sequence[BatchNorm], batches: Iterable[Any], max_batches: int | None = None
+) -> int:
+    """Reset the running statistics of ``layers`` and re-estimate them as cumulative averages over ``batches``.
+
+    Only ``layers`` run in train mode (each module keeps its own mode otherwise); nothing else changes, no gradient
+    is computed. ``batches`` yields images or ``(images, labels)``. Returns the number of images seen.
+    """
+    if not layers:
+        return 0
+    saved = [(layer, layer.momentum, layer.training) for layer in layers]
+    images_seen = 0
+    try:
+        for layer in layers:
+            layer.reset_running_stats()
+            layer.momentum = None  # cumulative moving average: every calibration batch weighs the same
+            layer.train()
+        with torch.no_grad():
+            for index, batch in enumerate(batches):
+                if max_batches is not None and index >= max_batches:
+                    break
+                images = batch[0] if isinstance(batch, (tuple, list)) else batch
+                model(images)
+                images_seen += len(images)
+    finally:
+        for layer, momentum, training in saved:
+            layer.momentum = momentum
+            layer.train(training)
+    return images_seen
+
+
+@contextmanager
+def reestimated(model: nn.Module, layers: Sequence[BatchNorm], batches: Iterable[Any]) -> Iterator[int]:
+    """:func:`reestimate` for the duration of the block; the original statistics are restored bit-exactly after
+    it (also when the block raises). Yields the number of calibration images seen."""
+    saved = [buffers_of(layer) for layer in layers]
+    try:
+        yield reestimate(model, layers, batches)
+    finally:
+        for layer, state in zip(layers, saved, strict=True):
+            load_buffers(layer, state)
+
+
+def buffers_of(layer: BatchNorm) -> tuple[torch.Tensor, ...]:
+    """Copies of a BatchNorm's running mean, running variance and batch counter."""
+    assert layer.running_mean is not None and layer.running_var is not None and layer.num_batches_tracked is not None
+    return layer.running_mean.clone(), layer.running_var.clone(), layer.num_batches_tracked.clone()
+
+
+def load_buffers(layer: BatchNorm, state: tuple[torch.Tensor, ...]) -> None:
+    """Write saved running statistics (from :func:`buffers_of`) back into ``layer`` in place."""
+    assert layer.running_mean is not None and layer.running_var is not None and layer.num_batches_tracked is not None
+    with torch.no_grad():
+        layer.running_mean.copy_(state[0])
+        layer.running_var.copy_(state[1])
+        layer.num_batches_tracked.copy_(state[2])
