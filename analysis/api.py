@@ -54,6 +54,9 @@ def analysis_prune(
     granularity: str = "filter",
     early_stop_mode: str | None = None,
     early_stop_value: float | None = None,
+    round_to: int = 1,
+    adaptive_bn: bool = False,
+    calibration: Batches | None = None,
 ) -> dict[str, float]:
     """Filter-pruning sensitivity of every prunable conv of ``model``; writes the same files as ``run.py``.
 
@@ -82,6 +85,11 @@ def analysis_prune(
         early_stop_mode: ``minimize``, ``maximize``, ``dropped`` or ``raised`` (NNI's modes, on the raw metric): the
             ratio that trips it is recorded and the param's larger ratios are skipped.
         early_stop_value: The threshold or allowed change for ``early_stop_mode``.
+        round_to: Keep a multiple of this many channels in every pruned group (1: any count).
+        adaptive_bn: Re-estimate the BatchNorm statistics the removal changes on ``calibration`` before evaluating
+            each variant (EagleEye's adaptive BN).
+        calibration: Batches of calibration images (``(images, labels)``, labels unused), e.g. training images;
+            needed by ``adaptive_bn``.
 
     Returns:
         ``{param name: ratio}`` derived with ``target_loss`` (PaddleSlim's rule), or ``{}`` without one.
@@ -96,6 +104,10 @@ def analysis_prune(
     check_choice("engine", engine, ENGINES)
     check_granularity(granularity, criterion)
     early_stop = early_stop_from(early_stop_mode, early_stop_value)
+    if not isinstance(round_to, int) or round_to < 1:
+        raise ConfigError(f"round_to must be a positive integer (1 = no rounding), got {round_to!r}.")
+    if adaptive_bn and calibration is None:
+        raise ConfigError("adaptive_bn=True needs calibration batches: pass calibration=<batches of training images>.")
     if precision is not None and not (0.0 < precision < 1.0 and engine == "fast"):
         raise ConfigError(f"precision must be between 0 and 1 and needs engine='fast', got {precision} with {engine}.")
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -118,8 +130,17 @@ def analysis_prune(
         fingerprint = _batch_fingerprint(first_images, first_labels)
     settings = EngineSettings(
         ratios, criterion, group_reduction, metric, metric_mode, progress, engine, precision, seed, granularity,
-        early_stop,
+        early_stop, round_to, adaptive_bn,
     )  # fmt: skip
+    calibration_fingerprint = None
+    if adaptive_bn:
+        assert calibration is not None
+        first_calibration = next(iter(calibration), None)
+        if first_calibration is None:
+            raise ConfigError("calibration yields no batches; pass a non-empty iterable of (images, labels).")
+        if isinstance(first_calibration, torch.Tensor):
+            first_calibration = (first_calibration, None)
+        calibration_fingerprint = _batch_fingerprint(*first_calibration[:2])
     outcome = run_analysis(
         model,
         evaluate_model,
@@ -134,6 +155,8 @@ def analysis_prune(
         batches=batches,
         names_key="prune_params",
         skip_key="skip_params",
+        calibration=calibration if adaptive_bn else None,
+        calibration_fingerprint=calibration_fingerprint,
     )
     if target_loss is not None and outcome.ratios_file is not None:
         logger.info("%s Ratios: %s", explain_target_loss(target_loss), outcome.ratios_file)
@@ -149,9 +172,9 @@ def _function_evaluator(function: EvalFunction) -> Callable[[nn.Module], dict[st
     return evaluate_model
 
 
-def _batch_fingerprint(images: torch.Tensor, labels: torch.Tensor) -> str:
+def _batch_fingerprint(images: torch.Tensor, labels: torch.Tensor | None) -> str:
     """Identify in-memory data by its first batch (cheap, and enough to catch resuming on other data)."""
     return json_fingerprint(
         {"images": hashlib.sha256(images.detach().cpu().contiguous().numpy().tobytes()).hexdigest(),
-         "labels": labels.tolist(), "shape": list(images.shape)}
+         "labels": None if labels is None else labels.tolist(), "shape": list(images.shape)}
     )  # fmt: skip

@@ -111,7 +111,7 @@ def reestimate(
             for index, batch in enumerate(batches):
                 if max_batches is not None and index >= max_batches:
                     break
-                images = batch[0] if isinstance(batch, (tuple, list)) else batch
+                images = batch_images(batch)
                 model(images)
                 images_seen += len(images)
     finally:
@@ -131,6 +131,56 @@ def reestimated(model: nn.Module, layers: Sequence[BatchNorm], batches: Iterable
     finally:
         for layer, state in zip(layers, saved, strict=True):
             load_buffers(layer, state)
+
+
+def batch_images(batch: Any) -> torch.Tensor:
+    """The images of a calibration batch, given as ``images`` or ``(images, labels, ...)``."""
+    return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+
+class Estimation:
+    """A re-estimation of ``layers`` that can be paused between batches, so that one pass over the calibration
+    data can serve many variants (the fast engine): each :meth:`step` continues from where the previous one of this
+    estimation stopped, exactly as :func:`reestimate` would have continued in place. Between uses the layers hold
+    whatever they held before (another variant's statistics never leak into this one's)."""
+
+    def __init__(self, layers: Sequence[BatchNorm]) -> None:
+        self.layers = list(layers)
+        self.state: list[tuple[torch.Tensor, ...]] | None = None  # None: freshly reset
+        self.images = 0
+
+    @contextmanager
+    def step(self, images: int) -> Iterator[None]:
+        """Within the block the layers hold this estimation's statistics in train mode with cumulative averaging, so
+        a forward pass accumulates one batch of ``images`` images; the new state is kept after it."""
+        modes = [(layer, layer.momentum, layer.training) for layer in self.layers]
+        with self.applied():
+            try:
+                for layer in self.layers:
+                    layer.momentum = None
+                    layer.train()
+                yield
+                self.state = [buffers_of(layer) for layer in self.layers]
+                self.images += images
+            finally:
+                for layer, momentum, training in modes:
+                    layer.momentum = momentum
+                    layer.train(training)
+
+    @contextmanager
+    def applied(self) -> Iterator[None]:
+        """Within the block the layers hold this estimation's statistics (freshly reset before its first step)."""
+        saved = [buffers_of(layer) for layer in self.layers]
+        try:
+            for index, layer in enumerate(self.layers):
+                if self.state is None:
+                    layer.reset_running_stats()
+                else:
+                    load_buffers(layer, self.state[index])
+            yield
+        finally:
+            for layer, state in zip(self.layers, saved, strict=True):
+                load_buffers(layer, state)
 
 
 def buffers_of(layer: BatchNorm) -> tuple[torch.Tensor, ...]:

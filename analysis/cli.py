@@ -29,7 +29,7 @@ from analysis.distributed import (
 )
 from analysis.engine import format_metrics
 from analysis.errors import ConfigError, UserError
-from analysis.job import build_inputs, run_job
+from analysis.job import build_inputs, needs_calibration, run_job
 from analysis.logs import setup_logging
 from analysis.planning import PLAN_COMMANDS, format_plan, run_plan_step, wants_plan_step
 from analysis.ratios import explain_target_loss
@@ -119,7 +119,7 @@ def job_main(argv: Sequence[str]) -> int:
         assert config.SensitivityAnalysis.analysis_file is not None
         fold_local_shards(config.SensitivityAnalysis.analysis_file, discard=args.overwrite)
     progress = False if args.quiet else None
-    inputs = build_inputs(config, progress)
+    inputs = build_inputs(config, progress, calibration=needs_calibration(config))
     outcome = run_job(config, overwrite=args.overwrite, progress=progress, shard=shard, inputs=inputs)
     print_outcome(outcome, config)
     if shard is not None:
@@ -152,7 +152,7 @@ def torchrun_job(config: Config, args: argparse.Namespace, rank: Rank) -> int:
     if rank.leader:
         logger.info("%s\ntorchrun: %d ranks, this is rank 0 on %s", describe(config), rank.world_size, g.device)
     baseline: list[AnalysisOutcome] = []
-    inputs = build_inputs(config, progress=False)
+    inputs = build_inputs(config, progress=False, calibration=needs_calibration(config))
 
     def analyse(analysis_file: Path, shard: ShardSpec | None, baseline_only: bool, progress: bool) -> int:
         outcome = run_job(config, progress=progress, shard=shard, analysis_file=analysis_file,

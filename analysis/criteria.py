@@ -7,6 +7,7 @@ weight (PaddleSlim's behaviour); ``group_reduction: mean`` averages the scores o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -49,13 +50,49 @@ def channels_to_remove(channels: int, ratio: float) -> int:
     return min(channels - 1, round(channels * ratio))
 
 
-def select_channels(scores: torch.Tensor, ratio: float, blocks: Sequence[Sequence[int]] = ()) -> list[int]:
+def removal_count(channels: int, ratio: float, blocks: int = 0, round_to: int = 1) -> int:
+    """How many of ``channels`` a removal at ``ratio`` takes, with the structural constraints of its group.
+
+    The count starts as :func:`channels_to_remove`. With ``blocks`` conv groups (a grouped conv in the group) it is
+    rounded down to a multiple of ``blocks`` (each conv group gives up the same number). With ``round_to`` N > 1
+    the channels kept must be a multiple of ``step = lcm(N, blocks)`` and at least ``step``: the kept count is
+    rounded to the nearest multiple (ties keep more), so a ratio maps to the nearest allowed count. Returns 0 when
+    no allowed count removes anything.
+    """
+    count = channels_to_remove(channels, ratio)
+    if round_to <= 1:
+        step = blocks or 1
+        return count // step * step
+    step = math.lcm(round_to, blocks or 1)
+    largest_kept = channels // step * step
+    if largest_kept == 0:
+        return 0
+    kept = channels - count
+    nearest = min(largest_kept, max(step, step * math.floor(kept / step + 0.5)))
+    return channels - nearest
+
+
+def allowed_counts(channels: int, blocks: int = 0, round_to: int = 1) -> list[int]:
+    """Every removal count the constraints of :func:`removal_count` allow, ascending (0 first: no removal)."""
+    if round_to <= 1:
+        step = blocks or 1
+        return list(range(0, channels, step))
+    step = math.lcm(round_to, blocks or 1)
+    kept = list(range(channels // step * step, 0, -step))
+    counts = [channels - k for k in kept]
+    return counts if counts and counts[0] == 0 else [0, *counts]
+
+
+def select_channels(
+    scores: torch.Tensor, ratio: float, blocks: Sequence[Sequence[int]] = (), round_to: int = 1
+) -> list[int]:
     """Pick the channels to remove at ``ratio``: the lowest-scored ones (ties: lower index first).
 
     With ``blocks`` (the conv groups of a grouped conv in the group), the count is rounded down to a multiple of
-    the number of blocks and each block gives up the same number of its own lowest-scored channels.
+    the number of blocks and each block gives up the same number of its own lowest-scored channels; ``round_to``
+    keeps a multiple of that many channels (see :func:`removal_count`).
     """
-    return lowest_channels(scores, channels_to_remove(len(scores), ratio), blocks)
+    return lowest_channels(scores, removal_count(len(scores), ratio, len(blocks), round_to), blocks)
 
 
 def lowest_channels(scores: torch.Tensor, count: int, blocks: Sequence[Sequence[int]] = ()) -> list[int]:

@@ -93,10 +93,10 @@ def find_samples(data_dir: str | Path, val_list: str = "val_list.txt") -> tuple[
         raise DataError(f"Global.data_dir {root} does not exist or is not a folder.")
     list_path = Path(val_list) if Path(val_list).is_absolute() else root / val_list
     if list_path.is_file():
-        samples = _read_val_list(root, list_path)
+        samples = read_sample_list(root, list_path)
         layout = f"PaddleSlim list {list_path}"
-    elif (root / "val").is_dir() and _has_subfolders(root / "val"):
-        samples = _scan_image_folder(root / "val")
+    elif (root / "val").is_dir() and has_subfolders(root / "val"):
+        samples = scan_image_folder(root / "val")
         layout = f"ImageFolder {root / 'val'}"
     else:
         hint = " (it contains class folders: set data_dir to its parent)" if _looks_like_class_root(root) else ""
@@ -106,48 +106,65 @@ def find_samples(data_dir: str | Path, val_list: str = "val_list.txt") -> tuple[
         )
     if not samples:
         raise DataError(f"No images found in {layout}; check Global.data_dir and Global.val_list.")
-    _check_files_exist(samples)
+    check_files_exist(samples)
     return samples, layout
 
 
-def _read_val_list(root: Path, list_path: Path) -> list[Sample]:
+def read_sample_list(root: Path, list_path: Path, key: str = "Global.val_list") -> list[Sample]:
+    """Parse a PaddleSlim list file (``relative/path label`` lines, paths relative to ``root``) in file order.
+
+    Blank lines and ``#`` comments are skipped; ``key`` names the list in the message when it cannot be read.
+
+    Raises:
+        DataError: If the file cannot be read as UTF-8 text or a line is malformed (naming the file and line).
+    """
+    try:
+        lines = list_path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"{key} {list_path} is not UTF-8 text (byte offset {error.start}); "
+            "it must hold '<relative/path> <integer label>' lines."
+        ) from None
+    except OSError as error:
+        raise DataError(f"{key} {list_path} cannot be read ({error.strerror or error}); check the file.") from None
     samples = []
-    with list_path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            text = line.strip()
-            if not text or text.startswith("#"):
-                continue
-            parts = text.rsplit(maxsplit=1)
-            where = f"{list_path} line {number}"
-            if len(parts) != 2:
-                raise DataError(f"{where}: '{text}' has no label; each line must be '<relative/path> <integer label>'.")
-            try:
-                label = int(parts[1])
-            except ValueError:
-                raise DataError(
-                    f"{where}: label '{parts[1]}' is not an integer; "
-                    "each line must be '<relative/path> <integer label>'."
-                ) from None
-            samples.append(Sample(str(root / parts[0]), label, where))
+    for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        parts = text.rsplit(maxsplit=1)
+        where = f"{list_path} line {number}"
+        if len(parts) != 2:
+            raise DataError(f"{where}: '{text}' has no label; each line must be '<relative/path> <integer label>'.")
+        try:
+            label = int(parts[1])
+        except ValueError:
+            raise DataError(
+                f"{where}: label '{parts[1]}' is not an integer; each line must be '<relative/path> <integer label>'."
+            ) from None
+        samples.append(Sample(str(root / parts[0]), label, where))
     return samples
 
 
-def _scan_image_folder(folder: Path) -> list[Sample]:
+def scan_image_folder(folder: Path) -> list[Sample]:
+    """List the images of an ImageFolder root (``folder/<class>/<image>``, classes sorted, torchvision's rules)."""
     classes, class_to_idx = find_classes(str(folder))
     pairs = make_dataset(str(folder), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
     logger.debug("ImageFolder %s: %d classes", folder, len(classes))
     return [Sample(path, label, f"{folder} (class '{classes[label]}')") for path, label in pairs]
 
 
-def _has_subfolders(folder: Path) -> bool:
+def has_subfolders(folder: Path) -> bool:
+    """Whether ``folder`` holds at least one folder (e.g. the class folders of an ImageFolder root)."""
     return any(entry.is_dir() for entry in os.scandir(folder))
 
 
 def _looks_like_class_root(folder: Path) -> bool:
-    return _has_subfolders(folder) and not (folder / "val").exists()
+    return has_subfolders(folder) and not (folder / "val").exists()
 
 
-def _check_files_exist(samples: Sequence[Sample]) -> None:
+def check_files_exist(samples: Sequence[Sample]) -> None:
+    """Raise a :class:`DataError` naming the first listed image that does not exist (and how many are missing)."""
     missing = [s for s in samples if not os.path.isfile(s.path)]
     if missing:
         first = missing[0]

@@ -11,7 +11,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from analysis.batchnorm import BatchNorm, changed_sources, downstream_batchnorms, reestimate, reestimated
 from analysis.criteria import CRITERIA, bn_scale, select_channels
 from analysis.early_stop import EarlyStop
 from analysis.elementwise import element_slices, magnitude_order, weights_to_zero
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 Metrics = dict[str, float]
 Evaluator = Callable[[nn.Module], Metrics]
+Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
 LOWER_IS_BETTER = {"ce"}
 CHECK_IMAGES = 4  # images on which masking is compared with physical pruning (the difference shows on any image)
 
@@ -54,6 +56,8 @@ class EngineSettings:
     seed: int = 0
     granularity: str = "filter"
     early_stop: EarlyStop | None = None
+    round_to: int = 1
+    adaptive_bn: bool = False
 
 
 @dataclass
@@ -83,6 +87,7 @@ class Prepared:
     check: ModeCheck
     costs: dict[float, dict[str, Any]] = field(default_factory=dict)
     element_order: torch.Tensor | None = None
+    batchnorms: list[BatchNorm] = field(default_factory=list)
 
 
 @dataclass
@@ -179,6 +184,8 @@ class SensitivityEngine:
         graph: The dependency graph of ``model``.
         settings: Ratios, criterion, metric.
         store: Where results go.
+        calibration: Batches on which ``settings.adaptive_bn`` re-estimates the affected BatchNorm statistics of
+            every variant before it is evaluated.
     """
 
     def __init__(
@@ -189,8 +196,12 @@ class SensitivityEngine:
         graph: tp.DependencyGraph,
         settings: EngineSettings,
         store: AnalysisStore,
+        calibration: Batches | None = None,
     ) -> None:
+        if settings.adaptive_bn and calibration is None:
+            raise ValueError("adaptive_bn needs calibration batches")
         self.model = model
+        self.calibration = calibration
         self.evaluate = evaluate
         self.example_input = example_input
         self.check_input = example_input[:CHECK_IMAGES]
@@ -310,7 +321,7 @@ class SensitivityEngine:
         except ValueError as error:
             self._skip(param, f"criterion {self.settings.criterion} not applicable: {error}", report, bar, ratios)
             return None
-        removal = {r: select_channels(scores, r, param.conv_blocks) for r in ratios}
+        removal = {r: select_channels(scores, r, param.conv_blocks, self.settings.round_to) for r in ratios}
         if not any(removal.values()):
             blocks = f" in {len(param.conv_blocks)} conv groups" if param.conv_blocks else ""
             self._skip(param, f"no ratio removes a channel ({param.channels} channels{blocks})", report, bar, ratios)
@@ -325,10 +336,19 @@ class SensitivityEngine:
             "module": param.module_name, "shape": list(param.shape), "group": param.members,
             "coupled_params": param.coupled_params, "conv_groups": len(param.conv_blocks) or 1, "mode": mode,
             "mask_vs_physical_max_abs_diff": difference,
+            **({"round_to": self.settings.round_to} if self.settings.round_to > 1 else {}),
         })  # fmt: skip
         dense = self.costs.dense
         costs = {r: cost_summary(dense, self.costs.variant(self.graph, conv, ch)) for r, ch in removal.items() if ch}
-        return Prepared(param, conv, removal, mode, self._sharing(param), check, costs)
+        return Prepared(param, conv, removal, mode, self._sharing(param), check, costs, batchnorms=self._affected(conv))
+
+    def _affected(self, module: nn.Module, element: bool = False) -> list[BatchNorm]:
+        """With ``adaptive_bn``: the BatchNorm layers whose statistics a variant of ``module`` changes (the layers
+        downstream of the group's members whose remaining outputs change; for element-wise pruning, of the layer)."""
+        if not self.settings.adaptive_bn:
+            return []
+        sources = [module] if element else changed_sources(self.graph, full_group(self.graph, module))
+        return downstream_batchnorms(self.graph, sources)
 
     def _prepare_element(self, param: PrunableParam, ratios: Sequence[float]) -> Prepared:
         """Element-wise: order the weights by magnitude; zeroing them is the operation itself, so it is exact."""
@@ -342,7 +362,8 @@ class SensitivityEngine:
         self.store.describe_param(param.name, {"module": param.module_name, "shape": list(param.shape),
                                                "granularity": "element", "mode": "element"})  # fmt: skip
         check = ModeCheck("element", 0.0, largest, masked_logits)
-        return Prepared(param, module, removal, "element", [param.name], check, element_order=order)
+        return Prepared(param, module, removal, "element", [param.name], check, element_order=order,
+                        batchnorms=self._affected(module, element=True))  # fmt: skip
 
     def variant_slices(self, prepared: Prepared, ratio: float) -> list[tuple[torch.Tensor, Any]]:
         """The ``(tensor, index)`` slices zeroed by one variant (a channel group, or the smallest weights)."""
@@ -416,10 +437,12 @@ class SensitivityEngine:
     def _evaluate_variant(self, prepared: Prepared, ratio: float) -> Metrics:
         """Evaluate one variant: zero its slices in place (mask, element) or evaluate a physically pruned copy."""
         if prepared.mode in ("mask", "element"):
-            with zeroed(self.variant_slices(prepared, ratio)):
+            with zeroed(self.variant_slices(prepared, ratio)), reestimated(self.model, prepared.batchnorms,
+                                                                          self.calibration or ()):  # fmt: skip
                 return self.evaluate(self.model)
         channels = prepared.removal[ratio]
         copy = pruned_copy(self.model, prepared.param.module_name, channels, self.example_input).to(self.device)
+        reestimate(copy, same_layers(self.model, copy, prepared.batchnorms), self.calibration or ())
         return self.evaluate(copy)
 
     def _choose_mode(self, param: PrunableParam, channels: Sequence[int]) -> ModeCheck:
@@ -433,10 +456,13 @@ class SensitivityEngine:
             logger.debug("Physical pruning of %s failed", param.name, exc_info=True)
             text = str(error).splitlines()[0][:200] if str(error) else ""
             return ModeCheck(None, f"{type(error).__name__}: {text}")
-        with masked(self.graph, removal_group(self.graph, conv, channels)), torch.inference_mode():
+        group = removal_group(self.graph, conv, channels)
+        with masked(self.graph, group), torch.inference_mode():
             masked_logits = self.model(self.check_input)
         difference = float((masked_logits.float() - physical).abs().max())
         tolerance = 1e-4 * max(1.0, float(physical.abs().max()))
+        if difference <= tolerance and self.settings.adaptive_bn:
+            difference = max(difference, self._calibrated_difference(copy, group, self._affected(conv)))
         if difference <= tolerance:
             return ModeCheck("mask", difference, list(channels), masked_logits)
         logger.info(
@@ -445,6 +471,16 @@ class SensitivityEngine:
         )  # fmt: skip
         return ModeCheck("physical", difference, list(channels))
 
+    def _calibrated_difference(self, copy: nn.Module, group: Any, layers: Sequence[BatchNorm]) -> float:
+        """Largest logit difference between the masked model and the physically pruned ``copy`` after both
+        re-estimate the affected BatchNorm statistics on the example batch (train-mode statistics must agree too)."""
+        example = [(self.example_input, None)]
+        with masked(self.graph, group), reestimated(self.model, layers, example), torch.inference_mode():
+            masked_logits = self.model(self.check_input).float()
+        reestimate(copy, same_layers(self.model, copy, layers), example)
+        with torch.inference_mode():
+            return float((masked_logits - copy(self.check_input).float()).abs().max())
+
     def _skip(
         self, param: PrunableParam, reason: str, report: EngineReport, bar: tqdm, ratios: Sequence[float]
     ) -> None:
@@ -452,6 +488,12 @@ class SensitivityEngine:
         report.skipped[param.name] = reason
         self.store.mark_unprunable(param.name, reason)
         bar.update(len(ratios))
+
+
+def same_layers(model: nn.Module, copy: nn.Module, layers: Sequence[nn.Module]) -> list[Any]:
+    """The layers of ``copy`` (a pruned deep copy of ``model``) that are ``layers`` in ``model``, found by name."""
+    names = {module: name for name, module in model.named_modules()}
+    return [copy.get_submodule(names[layer]) for layer in layers]
 
 
 def _metrics_only(metrics: Metrics) -> Metrics:

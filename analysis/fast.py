@@ -10,6 +10,7 @@ run on a few images and compared with a full masked forward pass; a param whose 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -22,6 +23,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from analysis.adaptive import PairedEstimate, per_sample
+from analysis.batchnorm import Estimation, batch_images
 from analysis.engine import (
     LOWER_IS_BETTER,
     EngineReport,
@@ -36,7 +38,7 @@ from analysis.engine import (
 from analysis.evaluate import MetricSums
 from analysis.groups import PrunableParam
 from analysis.masking import zeroed
-from analysis.partition import GraphRunner, SuffixPlan, UntraceableModel
+from analysis.partition import GraphRunner, Schedule, SuffixPlan, UntraceableModel
 from analysis.store import AnalysisStore
 
 logger = logging.getLogger(__name__)
@@ -47,13 +49,14 @@ CHUNK_SECONDS = 300.0  # estimated work per pass over the data; results are save
 @dataclass
 class Variant:
     """One (param, ratio) in flight: the slices to zero, the metric sums gathered over batches and, with adaptive
-    precision, the running paired estimate of its loss."""
+    precision, the running paired estimate of its loss; with adaptive BN, its re-estimated BatchNorm statistics."""
 
     ratio: float
     slices: list[tuple[torch.Tensor, Any]]
     sums: MetricSums = field(default_factory=MetricSums)
     estimate: PairedEstimate | None = None
     done: bool = False
+    batchnorm: Estimation | None = None
 
 
 @dataclass
@@ -77,8 +80,9 @@ class FastSensitivityEngine(SensitivityEngine):
         settings: EngineSettings,
         store: AnalysisStore,
         batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+        calibration: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> None:
-        super().__init__(model, evaluate, example_input, graph, settings, store)
+        super().__init__(model, evaluate, example_input, graph, settings, store, calibration)
         self.batches = batches
         self.runner: GraphRunner | None = None
         self.order = torch.empty(0, dtype=torch.long)  # adaptive precision: the random order of the images
@@ -168,7 +172,7 @@ class FastSensitivityEngine(SensitivityEngine):
             self._evaluate_ratios(prepared, ratios, baseline, report, bar)
             return None
         plan = self.runner.plan(*self.changed_layers(prepared))
-        if plan is None:
+        if plan is None or not self.runner.runs_all(plan, prepared.batchnorms):
             self._evaluate_ratios(prepared, ratios, baseline, report, bar)
             return None
         variants: list[Variant] = []
@@ -179,7 +183,14 @@ class FastSensitivityEngine(SensitivityEngine):
                     bar.update(len(ratios) - position - 1)
                     return None
                 continue
-            variants.append(Variant(ratio, self.variant_slices(prepared, ratio), estimate=self._new_estimate(baseline)))
+            variants.append(
+                Variant(
+                    ratio,
+                    self.variant_slices(prepared, ratio),
+                    estimate=self._new_estimate(baseline),
+                    batchnorm=Estimation(prepared.batchnorms) if self.settings.adaptive_bn else None,
+                )
+            )
         checked = next((v for v in variants if prepared.removal[v.ratio] == prepared.check.channels), None)
         if checked is not None and not self._split_matches_eager(plan, checked, prepared):
             logger.info("%s: the graph split differs from eager execution; using the reference path for it.",
@@ -246,11 +257,56 @@ class FastSensitivityEngine(SensitivityEngine):
         loss is precise enough; the pass ends when every variant of the chunk has stopped.
         """
         assert self.runner is not None
+        schedule = self.runner.schedule([job.plan for job in chunk])
+        start = time.perf_counter()
+        if self.settings.adaptive_bn:
+            self._calibrate(chunk, schedule)
+        self._evaluate_chunk(chunk, schedule)
+        seconds = time.perf_counter() - start
+        variants = sum(len(job.variants) for job in chunk)
+        for job in chunk:
+            for position, variant in enumerate(job.variants):  # in increasing ratio order
+                metrics = variant.sums.result().metrics()
+                estimate = None
+                if variant.estimate is not None:
+                    low, high = variant.estimate.interval()
+                    estimate = {"loss": variant.estimate.loss(), "interval": [low, high],
+                                "samples": variant.estimate.count, "precision": self.settings.precision}  # fmt: skip
+                seconds_each = seconds / variants
+                if self._record(job.prepared, variant.ratio, metrics, baseline, seconds_each, report, bar, estimate):
+                    bar.update(len(job.variants) - position - 1)  # early stop: the larger ratios are dropped
+                    break
+        logger.debug("Chunk of %d conv(s): %d variants in %.1f s.", len(chunk), variants, seconds)
+
+    def _calibrate(self, chunk: list[Job], schedule: Schedule) -> None:
+        """Adaptive BN: one pass over the calibration batches re-estimates the affected BatchNorm statistics of every
+        variant of the chunk; per batch the unpruned prefix runs once and each variant's suffix once, in train mode
+        for its affected layers only (they all lie in its suffix), from where its previous batch left them."""
+        assert self.runner is not None and self.calibration is not None
+        runner, by_plan = self.runner, {id(job.plan): job for job in chunk}
+        disable = self._progress_disabled()
+        total = getattr(self.calibration, "num_samples", None)
+        with tqdm(total=total, desc="calibrate", unit="img", disable=disable, leave=False) as inner:
+            for batch in self.calibration:
+                images = batch_images(batch).to(self.device, non_blocking=True)
+
+                def visit(plan: SuffixPlan, frontier: dict, count: int = len(images)) -> None:
+                    for variant in by_plan[id(plan)].variants:
+                        assert variant.batchnorm is not None
+                        with zeroed(variant.slices), variant.batchnorm.step(count):
+                            runner.run_suffix(plan, frontier)
+
+                with torch.no_grad():
+                    runner.walk(images, schedule, visit)
+                inner.update(len(images))
+
+    def _evaluate_chunk(self, chunk: list[Job], schedule: Schedule) -> None:
+        """The evaluation pass of :meth:`_run_chunk` (each variant's re-estimated statistics loaded, with adaptive
+        BN)."""
+        assert self.runner is not None
         runner = self.runner
         by_plan = {id(job.plan): job for job in chunk}
         active = list(chunk)
-        schedule = runner.schedule([job.plan for job in active])
-        start = time.perf_counter()
         disable = self._progress_disabled()
         adaptive = self.settings.precision is not None
         total = len(self.order) if adaptive else getattr(self.batches, "num_samples", None)
@@ -262,7 +318,8 @@ class FastSensitivityEngine(SensitivityEngine):
                     for variant in by_plan[id(plan)].variants:
                         if variant.done:
                             continue
-                        with zeroed(variant.slices):
+                        statistics = variant.batchnorm.applied() if variant.batchnorm else contextlib.nullcontext()
+                        with zeroed(variant.slices), statistics:
                             logits = runner.run_suffix(plan, frontier)
                         variant.sums.add(logits, labels)
                         if variant.estimate is not None and index is not None:
@@ -282,21 +339,6 @@ class FastSensitivityEngine(SensitivityEngine):
                     if len(still) < len(active):
                         active = still
                         schedule = runner.schedule([job.plan for job in active])
-        seconds = time.perf_counter() - start
-        variants = sum(len(job.variants) for job in chunk)
-        for job in chunk:
-            for position, variant in enumerate(job.variants):  # in increasing ratio order
-                metrics = variant.sums.result().metrics()
-                estimate = None
-                if variant.estimate is not None:
-                    low, high = variant.estimate.interval()
-                    estimate = {"loss": variant.estimate.loss(), "interval": [low, high],
-                                "samples": variant.estimate.count, "precision": self.settings.precision}  # fmt: skip
-                seconds_each = seconds / variants
-                if self._record(job.prepared, variant.ratio, metrics, baseline, seconds_each, report, bar, estimate):
-                    bar.update(len(job.variants) - position - 1)  # early stop: the larger ratios are dropped
-                    break
-        logger.debug("Chunk of %d conv(s): %d variants in %.1f s.", len(chunk), variants, seconds)
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
         """The data for one pass: in order, or in the baseline's random order (with image indices) for precision."""

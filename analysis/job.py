@@ -12,11 +12,13 @@ from pathlib import Path
 
 import torch
 
+from analysis.calibration import CalibrationSet, build_calibration_set
 from analysis.config import Config
 from analysis.data import EvalLoader, apply_data_cache, build_eval_loader
 from analysis.device import resolve_device
 from analysis.early_stop import early_stop_from
 from analysis.engine import EngineSettings
+from analysis.errors import ConfigError
 from analysis.evaluate import evaluate
 from analysis.models import build_model, count_outputs
 from analysis.sensitivity import AnalysisOutcome, run_analysis
@@ -34,10 +36,13 @@ class Inputs:
     model: torch.nn.Module
     loader: EvalLoader
     example_input: torch.Tensor
+    calibration: CalibrationSet | None = None
 
 
-def build_inputs(config: Config, progress: bool | None = None) -> Inputs:
-    """Build the model and the evaluation data of ``config`` (decoded into RAM when the cache allows)."""
+def build_inputs(config: Config, progress: bool | None = None, calibration: bool = False) -> Inputs:
+    """Build the model and the evaluation data of ``config`` (decoded into RAM when the cache allows), and with
+    ``calibration`` its calibration images for BatchNorm re-estimation (always decoded into RAM, so that a broken
+    one fails before any output is written)."""
     g = config.Global
     device = resolve_device(g.device)
     torch.manual_seed(g.seed)
@@ -46,7 +51,17 @@ def build_inputs(config: Config, progress: bool | None = None) -> Inputs:
     model = build_model(g).to(device)
     loader.check_labels(count_outputs(model, g.img_size, device))
     apply_data_cache(loader, g.data_cache, g.cache_max_gb, progress)
-    return Inputs(model, loader, next(iter(loader))[0][:EXAMPLE_BATCH])
+    calibration_set = build_calibration_set(g, device, loader, progress) if calibration else None
+    if calibration_set is not None:
+        logger.info("calibration: %s", calibration_set.describe())
+    return Inputs(model, loader, next(iter(loader))[0][:EXAMPLE_BATCH], calibration_set)
+
+
+def needs_calibration(config: Config) -> bool:
+    """Whether the job re-estimates BatchNorm statistics: adaptive BN sensitivities, a measured plan, a verification
+    (which reports raw and re-estimated numbers) or an export (which carries the re-estimated statistics)."""
+    s = config.SensitivityAnalysis
+    return s.adaptive_bn or s.verify or s.export_dir is not None or s.plan_method == "measured"
 
 
 def run_job(
@@ -61,7 +76,7 @@ def run_job(
     """The main job: build model and data from ``config`` (unless given), run the sensitivity analysis, derive
     ratios (or, for a shard, analyse its share of the convs into ``analysis_file``, by default the shard's file)."""
     g, s = config.Global, config.SensitivityAnalysis
-    inputs = inputs or build_inputs(config, progress)
+    inputs = inputs or build_inputs(config, progress, calibration=needs_calibration(config))
     model, loader, example_input = inputs.model, inputs.loader, inputs.example_input
 
     def evaluate_model(candidate: torch.nn.Module) -> dict[str, float]:
@@ -79,7 +94,15 @@ def run_job(
         seed=g.seed,
         granularity=s.granularity,
         early_stop=early_stop_from(s.early_stop_mode, s.early_stop_value),
+        round_to=s.round_to,
+        adaptive_bn=s.adaptive_bn,
     )
+    calibration = inputs.calibration if s.adaptive_bn else None
+    if s.adaptive_bn and calibration is None:
+        raise ConfigError(
+            "SensitivityAnalysis.adaptive_bn needs calibration images and none were found: name a list file or a "
+            "folder of training images in Global.calib_list."
+        )
     assert s.analysis_file is not None
     return run_analysis(
         model,
@@ -96,4 +119,6 @@ def run_job(
         batches=loader,
         shard=shard,
         baseline_only=baseline_only,
+        calibration=calibration.loader if calibration else None,
+        calibration_fingerprint=calibration.fingerprint() if calibration else None,
     )

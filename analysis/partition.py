@@ -95,6 +95,11 @@ class GraphRunner:
         plan.cost = sum(self.node_cost[node] for node in ordered)
         return plan
 
+    def runs_all(self, plan: SuffixPlan, modules: Iterable[nn.Module]) -> bool:
+        """Whether every one of ``modules`` is called inside the suffix of ``plan``."""
+        called = {self.module.get_submodule(str(node.target)) for node in plan.nodes if node.op == "call_module"}
+        return all(module in called for module in modules)
+
     def _reads(self, node: fx.Node, modules: set[nn.Module], owned: set[int]) -> bool:
         if node.op == "call_module":
             return self.module.get_submodule(str(node.target)) in modules

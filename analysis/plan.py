@@ -21,7 +21,8 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
-from analysis.criteria import channels_to_remove, lowest_channels
+from analysis.criteria import allowed_counts, lowest_channels, removal_count
+from analysis.curves import interpolate, monotone_curve
 from analysis.engine import EngineSettings, channel_scores
 from analysis.errors import AnalysisFileError, UserError, did_you_mean
 from analysis.fingerprint import model_fingerprint
@@ -34,7 +35,7 @@ from analysis.groups import (
     eval_mode,
     removal_group,
 )
-from analysis.ratios import Allocation, BudgetUnreachable, Choice, GroupOptions, allocate, interpolate
+from analysis.ratios import Allocation, BudgetUnreachable, Choice, GroupOptions, allocate
 from analysis.results import load_sensitivities, load_sidecar, sidecar_path
 
 logger = logging.getLogger(__name__)
@@ -223,11 +224,11 @@ def plan_from_ratios(
                 continue
             members = [param.name, *[n for n in param.coupled_params if n in planner.by_name]]
             decided.update({member: param.name for member in members})
-            count = param_count(param, ratio)
+            count = param_count(param, ratio, planner.round_to)
             if count == 0:
                 continue
-            curve = sorted((param_count(param, r), loss) for r, loss in sensitivities.get(param.name, {}).items())
-            points = [(0.0, 0.0), *[(float(c), float(v)) for c, v in curve if c > 0]]
+            measured = sensitivities.get(param.name, {}).items()
+            points = monotone_curve([(param_count(param, r, planner.round_to), loss) for r, loss in measured])
             predicted = interpolate(points, count) if count <= points[-1][0] else float("nan")
             ordered = [p.name for p in params if p.name in members]
             groups.append(PlannedGroup(ordered, param.name, param.module_name, param.channels,
@@ -240,10 +241,9 @@ def plan_from_ratios(
                     {k: settings[k] for k in ("criterion", "group_reduction")}, source)  # fmt: skip
 
 
-def param_count(param: PrunableParam, ratio: float) -> int:
-    """Channels the analysis removed from ``param`` at ``ratio`` (rounded down to whole conv-group steps)."""
-    step = len(param.conv_blocks) or 1
-    return channels_to_remove(param.channels, ratio) // step * step
+def param_count(param: PrunableParam, ratio: float, round_to: int = 1) -> int:
+    """Channels the analysis removed from ``param`` at ``ratio`` (whole conv-group steps, ``round_to`` kept)."""
+    return removal_count(param.channels, ratio, len(param.conv_blocks), round_to)
 
 
 def _analysis_settings(model: nn.Module, analysis_file: str | Path) -> dict[str, Any]:
@@ -264,6 +264,7 @@ def _analysis_settings(model: nn.Module, analysis_file: str | Path) -> dict[str,
         raise AnalysisFileError(f"{analysis_file} holds element-wise losses; a budget plan needs filter pruning.")
     settings.setdefault("criterion", "l1_norm")
     settings.setdefault("group_reduction", "self")
+    settings.setdefault("round_to", 1)
     return settings
 
 
@@ -281,6 +282,7 @@ class _Planner:
             ratios=[0.5], criterion=settings["criterion"], group_reduction=settings["group_reduction"]
         )
         self.by_name = {p.name: p for p in self.params if p.prunable}
+        self.round_to = int(settings.get("round_to", 1))
         self._scores: dict[str, torch.Tensor] = {}
         self._removed: dict[tuple[str, int], list[int]] = {}
 
@@ -315,19 +317,17 @@ class _Planner:
     def _group_options(self, members: list[PrunableParam], sensitivities: Mapping[str, Mapping[float, float]]
                        ) -> GroupOptions:  # fmt: skip
         channels = members[0].channels
-        step = len(members[0].conv_blocks) or 1
         curves: dict[str, tuple[list[tuple[float, float]], list[tuple[float, float]]]] = {}
         for param in members:
-            losses, saved = [(0.0, 0.0)], [(0.0, 0.0)]
-            for ratio, loss in sorted(sensitivities[param.name].items()):
-                count = param_count(param, ratio)
-                if count > losses[-1][0]:
-                    losses.append((float(count), float(loss)))
-                    saved.append((float(count), self.saved_alone(param.name, count)))
+            counts = {ratio: param_count(param, ratio, self.round_to) for ratio in sensitivities[param.name]}
+            losses = monotone_curve([(counts[r], loss) for r, loss in sensitivities[param.name].items()])
+            saved = [(count, self.saved_alone(param.name, int(count)) if count else 0.0) for count, _ in losses]
             curves[param.name] = (losses, saved)
         largest = int(max(points[0][-1][0] for points in curves.values()))
         choices = []
-        for count in range(0, largest + 1, step):
+        for count in allowed_counts(channels, len(members[0].conv_blocks), self.round_to):
+            if count > largest:
+                break
             candidates = [
                 (interpolate(losses, count), interpolate(saved, count), name)
                 for name, (losses, saved) in curves.items()

@@ -16,7 +16,6 @@ import os
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -266,20 +265,6 @@ class Allocation:
 
 class BudgetUnreachable(ValueError):
     """Even the largest measured ratio of every analysed group does not save enough."""
-
-
-def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
-    """Piecewise-linear value at ``x`` through ``points`` (sorted by x); never extrapolates past the last point.
-
-    Raises:
-        ValueError: If ``x`` lies outside the points' range.
-    """
-    if not points or x < points[0][0] or x > points[-1][0]:
-        raise ValueError(f"{x} is outside the measured range")
-    for (x0, y0), (x1, y1) in pairwise(points):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return points[-1][1]
 
 
 def allocate(

@@ -77,6 +77,8 @@ def run_analysis(
     shard: ShardSpec | None = None,
     baseline_only: bool = False,
     baseline: Mapping[str, float] | None = None,
+    calibration: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    calibration_fingerprint: str | None = None,
 ) -> AnalysisOutcome:
     """Analyse ``model`` and write the analysis file (resuming it), its sidecar and, with ``target_loss``, ratios.
 
@@ -100,6 +102,9 @@ def run_analysis(
         baseline_only: Measure (or reuse) the baseline and save the file, evaluating no variant.
         baseline: The unpruned model's metrics when the caller has just measured them (used unless the file holds
             a baseline already), so the engine does not evaluate it again.
+        calibration: Batches of calibration images (``settings.adaptive_bn`` re-estimates BatchNorm statistics on
+            them before evaluating each variant).
+        calibration_fingerprint: Identifies those images and their preprocessing (part of the resume fingerprint).
     """
     with eval_mode(model), exclusive(analysis_file):  # training flags restored; one writer per analysis file
         graph = build_dependency_graph(model, example_input)
@@ -120,6 +125,8 @@ def run_analysis(
                 # exact and estimated losses never mix in one file
                 "precision": None if settings.precision is None else [settings.precision, settings.seed],
                 **({"granularity": "element"} if element else {}),  # filter files from earlier versions resume
+                **({"round_to": settings.round_to} if settings.round_to > 1 else {}),
+                **({"adaptive_bn": True, "calibration": calibration_fingerprint} if settings.adaptive_bn else {}),
             },
         )
         store = AnalysisStore(analysis_file, fingerprint, [p.name for p in params], overwrite=overwrite, config=config)
@@ -136,7 +143,7 @@ def run_analysis(
             ", ".join(f"{r:g}" for r in settings.ratios),
             settings.criterion,
         )
-        engine = make_engine(model, evaluate, example_input, graph, settings, store, batches)
+        engine = make_engine(model, evaluate, example_input, graph, settings, store, batches, calibration)
         report = engine.run([] if baseline_only else analysed)
         store.save()  # also when nothing was evaluated: the sidecar then records the baseline and every reason
         outcome = AnalysisOutcome(Path(analysis_file), store.ordered(), params, analysed, report)
@@ -158,13 +165,14 @@ def make_engine(
     settings: EngineSettings,
     store: AnalysisStore,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]] | None,
+    calibration: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> SensitivityEngine:
     """The engine ``settings.engine`` asks for; the fast one needs the data as batches."""
     if settings.engine == "fast":
         if batches is not None:
-            return FastSensitivityEngine(model, evaluate, example_input, graph, settings, store, batches)
+            return FastSensitivityEngine(model, evaluate, example_input, graph, settings, store, batches, calibration)
         logger.info("The fast engine needs the data as batches (not an eval function); using the reference engine.")
-    return SensitivityEngine(model, evaluate, example_input, graph, settings, store)
+    return SensitivityEngine(model, evaluate, example_input, graph, settings, store, calibration)
 
 
 def derive_ratios(outcome: AnalysisOutcome, target_loss: float, criterion: str, granularity: str = "filter") -> None:

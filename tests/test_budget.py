@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from analysis.ratios import BudgetUnreachable, Choice, GroupOptions, _improve, allocate, interpolate
+from analysis.curves import interpolate
+from analysis.ratios import BudgetUnreachable, Choice, GroupOptions, _improve, allocate
 
 
 def group(name: str, points: list[tuple[float, float]]) -> GroupOptions:
