@@ -25,7 +25,14 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
-from analysis.groups import PASS_THROUGH, is_depthwise, is_out_channel_item
+from analysis.groups import (
+    PASS_THROUGH,
+    build_dependency_graph,
+    eval_mode,
+    is_depthwise,
+    is_out_channel_item,
+    removal_group,
+)
 
 BatchNorm = nn.modules.batchnorm._BatchNorm
 
@@ -196,3 +203,22 @@ def load_buffers(layer: BatchNorm, state: tuple[torch.Tensor, ...]) -> None:
         layer.running_mean.copy_(state[0])
         layer.running_var.copy_(state[1])
         layer.num_batches_tracked.copy_(state[2])
+
+
+def recalibrate_copy(
+    model: nn.Module,
+    pruned: nn.Module,
+    removals: Sequence[tuple[str, Sequence[int]]],
+    example_input: torch.Tensor,
+    batches: Iterable[Any],
+) -> CalibrationStats:
+    """Re-estimate, in ``pruned`` (a physically pruned copy of ``model``), the BatchNorm statistics that the
+    ``(conv name, channels)`` removals change; the other layers keep the dense model's statistics. ``pruned`` is
+    left in eval mode with the new statistics."""
+    with eval_mode(model):
+        graph = build_dependency_graph(model, example_input)
+        groups = [removal_group(graph, model.get_submodule(name), channels) for name, channels in removals if channels]
+        names = batchnorm_names(model, affected_batchnorms(graph, groups))
+    images = reestimate(pruned, [pruned.get_submodule(name) for name in names], batches)
+    pruned.eval()
+    return CalibrationStats(names, images)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analysis.batchnorm import recalibrate_copy
 from analysis.config import Config, config_from_data, load_config
 from analysis.errors import AnalysisFileError, ConfigError
 from analysis.evaluate import evaluate
@@ -92,20 +93,37 @@ def run_plan_step(
             raise ConfigError(f"No ratios to apply: {source} does not exist; set a budget or target_loss first.")
         plan = plan_from_ratios(model, example, analysis_file, load_ratios_yaml(source), source=str(source))
         result = PlanResult(plan, None)
-    pruned = None
+    pruned, batchnorm = None, None
     if s.verify:
         pruned, result.verification = verify_plan(
             model, plan, lambda m: evaluate(m, inputs.loader, progress=progress, desc="verify").metrics(), example,
-            _baseline(inputs, analysis_file, progress),
+            _baseline(inputs, analysis_file, progress), calibration=inputs.calibration,
         )  # fmt: skip
+        recalibrated = result.verification.recalibrated
+        if recalibrated is not None:
+            batchnorm = _batchnorm_note(recalibrated.layers, recalibrated.calibration)
     if s.export_dir is not None:
-        pruned = pruned if pruned is not None else jointly_pruned_copy(model, plan.removals(), example)
-        extra = {"plan": plan.as_dict(), "arch": config.Global.arch, "arch_kwargs": config.Global.arch_kwargs}
+        if pruned is None:
+            pruned = jointly_pruned_copy(model, plan.removals(), example)
+            if inputs.calibration is not None:
+                stats = recalibrate_copy(model, pruned, plan.removals(), example, inputs.calibration.loader)
+                batchnorm = _batchnorm_note(stats.layers, inputs.calibration.as_dict())
+        extra = {
+            "plan": plan.as_dict(),
+            "arch": config.Global.arch,
+            "arch_kwargs": config.Global.arch_kwargs,
+            "batchnorm": batchnorm or {"reestimated": False, "why": "no calibration images (Global.calib_list)"},
+        }
         result.exported = export_pruned(pruned, model, s.export_dir, extra)
         shutil.copyfile(source, Path(s.export_dir) / EXPORTED_YAML)
         result.exported["ratios"] = Path(s.export_dir) / EXPORTED_YAML
     _record(analysis_file, result)
     return result
+
+
+def _batchnorm_note(layers: list[str], calibration: dict[str, Any]) -> dict[str, Any]:
+    """What ``pruned_channels.json`` says about the exported BatchNorm statistics."""
+    return {"reestimated": True, "layers": layers, "calibration": calibration}
 
 
 def _baseline(inputs: Inputs, analysis_file: Path, progress: bool | None) -> dict[str, Any]:
@@ -155,10 +173,23 @@ def format_plan(result: PlanResult) -> str:
     if verification is not None:
         losses = verification.losses()
         lines.append(
-            f"verified (all groups pruned at once): top1 {verification.baseline['top1']:.4f} -> "
-            f"{verification.pruned['top1']:.4f} (measured loss {losses['top1']:+.4f}, predicted "
-            f"{plan.predicted_loss:+.4f}), top5 loss {losses.get('top5', float('nan')):+.4f}"
+            f"verified (all groups pruned at once, predicted loss {plan.predicted_loss:+.4f}): top1 "
+            f"{verification.baseline['top1']:.4f} ->"
         )
+        lines.append(
+            f"  raw (dense BatchNorm statistics):   top1 {verification.pruned['top1']:.4f} (measured loss "
+            f"{losses['top1']:+.4f}), top5 loss {losses.get('top5', float('nan')):+.4f}"
+        )
+        recalibrated = verification.recalibrated
+        if recalibrated is None:
+            lines.append("  BatchNorm re-estimated: not measured (no calibration images; see Global.calib_list)")
+        else:
+            again = verification.losses(reestimated=True)
+            lines.append(
+                f"  BatchNorm re-estimated ({len(recalibrated.layers)} layers, {recalibrated.images} calibration "
+                f"images): top1 {recalibrated.metrics['top1']:.4f} (measured loss {again['top1']:+.4f}), top5 loss "
+                f"{again.get('top5', float('nan')):+.4f}"
+            )
         v = verification
         lines.append(f"measured MACs {format_count(v.dense_cost['macs'])} -> {format_count(v.pruned_cost['macs'])}, "
                      f"params {format_count(v.dense_cost['params'])} -> {format_count(v.pruned_cost['params'])}, "

@@ -289,6 +289,16 @@ def _summary(data: AnalysisData, target_loss: float | None, label: str) -> str:
     if settings.get("criterion"):
         reduction = f", group reduction {settings['group_reduction']}" if settings.get("group_reduction") else ""
         rows.append(("channel ranking", _e(f"{settings['criterion']}{reduction}")))
+    if settings.get("round_to", 1) != 1:
+        rows.append(("channel rounding", _e(f"every pruned group keeps a multiple of {settings['round_to']} channels")))
+    if settings.get("adaptive_bn"):
+        rows.append(
+            (
+                "adaptive BN",
+                "yes: before each variant was evaluated, the BatchNorm statistics its removal "
+                "changes were re-estimated on the calibration images (numbers differ from plain sensitivities)",
+            )
+        )
     precision = settings.get("precision")
     if isinstance(precision, list) and len(precision) == 2:
         rows.append(("adaptive precision", _e(f"+-{precision[0]} (95%), seed {precision[1]}")))
@@ -403,11 +413,20 @@ def _plan_section(sidecar: Mapping[str, Any] | None) -> str:
             ("predicted loss", _e(f"{_fmt(plan.get('predicted_loss'))} (sum of the single-layer losses)"))]  # fmt: skip
     if verification:
         measured, baseline, pruned = (_dict(verification.get(k)) for k in ("measured_loss", "baseline", "pruned"))
+        reestimated = _dict(verification.get("reestimated"))
+        again, after = _dict(reestimated.get("measured_loss")), _dict(reestimated.get("metrics"))
         for metric in ("top1", "top5"):
             if metric in measured:
-                rows.append((f"measured {metric} loss", _e(
+                rows.append((f"measured {metric} loss, raw", _e(
                     f"{_fmt(measured[metric])} ({metric} {_fmt(baseline.get(metric))} -> {_fmt(pruned.get(metric))}, "
-                    "all groups pruned at once)")))  # fmt: skip
+                    "all groups pruned at once, the dense model's BatchNorm statistics)")))  # fmt: skip
+            if metric in again:
+                rows.append((f"measured {metric} loss, BatchNorm re-estimated", _e(
+                    f"{_fmt(again[metric])} ({metric} {_fmt(baseline.get(metric))} -> {_fmt(after.get(metric))}, "
+                    f"statistics of {len(reestimated.get('batchnorm_layers') or [])} layers re-estimated on "
+                    f"{reestimated.get('calibration_images')} calibration images)")))  # fmt: skip
+        if not reestimated:
+            rows.append(("BatchNorm re-estimated", "not measured (no calibration images; see Global.calib_list)"))
         for key in ("macs", "params", "checkpoint_bytes"):
             pair = _dict(verification.get(key))
             rows.append((key.replace("_", " "), _e(f"{_count(pair.get('dense'))} -> {_count(pair.get('pruned'))}")))

@@ -411,7 +411,8 @@ def export_csv(
     in percent, ``loss`` the cross-entropy and a 0.0 row holding the baseline for each parameter, followed by our
     ``relative_loss`` (the number in the analysis file) and the variant's MACs and params after physical removal
     with their reductions (empty when the sidecar lacks them). Parameters follow the file's (model) order and
-    ratios ascend, so equal inputs give byte-identical files.
+    ratios ascend, so equal inputs give byte-identical files. With adaptive BN (BatchNorm statistics re-estimated
+    per variant) the metric columns are suffixed ``_adaptive_bn`` (``layername_adaptive_bn``, ``top1_adaptive_bn``).
 
     Raises:
         AnalysisFileError: The analysis file or its sidecar cannot be read, or ``wide`` is asked without a sidecar.
@@ -442,12 +443,22 @@ def _wide_rows(analysis_file: str | os.PathLike[str], sensitivities: Sensitiviti
         )
     metric = ((sidecar.get("fingerprint") or {}).get("settings") or {}).get("metric", "top1")
     ratios = sorted({ratio for curve in sensitivities.values() for ratio in curve})
-    rows: list[list[Any]] = [["layername", *ratios]]
+    rows: list[list[Any]] = [[_marked("layername", sidecar), *ratios]]
     for name, curve in sensitivities.items():
         variants = _variants(sidecar, name)
         values = [variants.get(f"{ratio:g}", {}).get(metric, "") if ratio in curve else "" for ratio in ratios]
         rows.append([name.removesuffix(".weight"), *values])
     return rows
+
+
+ADAPTIVE_BN_SUFFIX = "_adaptive_bn"
+
+
+def _marked(column: str, sidecar: Mapping[str, Any]) -> str:
+    """A metric column's name, suffixed when the analysis re-estimated BatchNorm per variant (adaptive BN), so its
+    numbers are never mistaken for plain ones."""
+    settings = (sidecar.get("fingerprint") or {}).get("settings") or {}
+    return column + ADAPTIVE_BN_SUFFIX if settings.get("adaptive_bn") else column
 
 
 def _long_rows(sensitivities: Sensitivities, sidecar: Mapping[str, Any]) -> list[list[Any]]:
@@ -456,7 +467,8 @@ def _long_rows(sensitivities: Sensitivities, sidecar: Mapping[str, Any]) -> list
     dense_cost = {"macs": dense["macs"], "params": dense["params"], "macs_reduction": 0.0, "params_reduction": 0.0} if (
         "macs" in dense
     ) else {}  # fmt: skip
-    rows: list[list[Any]] = [list(LONG_COLUMNS)]
+    measured = ("top1", "top5", "loss", "relative_loss")  # measured after BatchNorm re-estimation with adaptive BN
+    rows: list[list[Any]] = [[_marked(c, sidecar) if c in measured else c for c in LONG_COLUMNS]]
     for name, curve in sensitivities.items():
         variants = _variants(sidecar, name)
         rows.append(_long_row(name, 0.0, baseline, 0.0, dense_cost))

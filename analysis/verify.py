@@ -1,9 +1,11 @@
 """Joint verification of a plan: prune every planned group at once (physically), then measure what users pay for.
 
 Single-layer losses do not add up exactly, so the predicted loss of a plan is only a guide. Here the plan is
-applied to a copy of the model with Torch-Pruning, the copy is evaluated on the same data, and its MACs, params,
-checkpoint size and latency (batch 1 and 32, median of repeated runs, on the device used) are measured next to the
-dense model's.
+applied to a copy of the model with Torch-Pruning, the copy is evaluated on the same data twice: raw (the dense
+model's BatchNorm statistics, which no longer fit the layers downstream of the removed channels) and after
+re-estimating those statistics on calibration images (:mod:`analysis.batchnorm`), which is the model to fine-tune
+or deploy. Its MACs, params, checkpoint size and latency (batch 1 and 32, median of repeated runs, on the device
+used) are measured next to the dense model's.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from analysis.batchnorm import recalibrate_copy
+from analysis.calibration import CalibrationSet
 from analysis.engine import relative_loss
 from analysis.export import saved_bytes
 from analysis.flops import count_cost
@@ -33,8 +37,19 @@ LATENCY_BUDGET_SECONDS = 10.0  # per model and batch size: fewer repeats (at lea
 
 
 @dataclass
+class Recalibrated:
+    """The pruned model after BatchNorm re-estimation: its metrics, and which layers were re-estimated on what."""
+
+    metrics: dict[str, float]
+    layers: list[str]
+    images: int
+    calibration: dict[str, Any]
+
+
+@dataclass
 class Verification:
-    """What the jointly pruned model measures, next to the dense model and the plan's prediction."""
+    """What the jointly pruned model measures, raw and with re-estimated BatchNorm statistics (when calibration
+    images exist), next to the dense model and the plan's prediction."""
 
     baseline: dict[str, float]
     pruned: dict[str, float]
@@ -44,22 +59,42 @@ class Verification:
     checkpoint_bytes: dict[str, int]
     latency_ms: dict[str, dict[str, float]]
     device: str
+    recalibrated: Recalibrated | None = None
 
-    def losses(self) -> dict[str, float]:
-        """Measured relative loss of top1 and top5 (and ce, where lower is better) against the baseline."""
+    def losses(self, reestimated: bool = False) -> dict[str, float]:
+        """Measured relative loss of top1 and top5 (and ce, where lower is better) against the baseline: of the raw
+        pruned model, or with ``reestimated`` of the model with re-estimated BatchNorm statistics."""
+        if reestimated and self.recalibrated is None:
+            return {}
+        pruned = self.recalibrated.metrics if reestimated and self.recalibrated is not None else self.pruned
         return {
-            metric: relative_loss(self.baseline[metric], self.pruned[metric], metric)
+            metric: relative_loss(self.baseline[metric], pruned[metric], metric)
             for metric in ("top1", "top5", "ce")
-            if metric in self.baseline and metric in self.pruned and self.baseline[metric]
+            if metric in self.baseline and metric in pruned and self.baseline[metric]
         }
+
+    @property
+    def final(self) -> dict[str, float]:
+        """The metrics of the model the export holds: re-estimated when calibration images exist, else raw."""
+        return self.recalibrated.metrics if self.recalibrated is not None else self.pruned
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form, stored in the sidecar under ``plan.verification``."""
+        recalibrated = self.recalibrated
         return {
             "baseline": self.baseline,
             "pruned": self.pruned,
             "predicted_loss": self.predicted_loss,
             "measured_loss": self.losses(),
+            "reestimated": None
+            if recalibrated is None
+            else {
+                "metrics": recalibrated.metrics,
+                "measured_loss": self.losses(reestimated=True),
+                "batchnorm_layers": recalibrated.layers,
+                "calibration_images": recalibrated.images,
+                "calibration": recalibrated.calibration,
+            },
             "macs": {"dense": self.dense_cost["macs"], "pruned": self.pruned_cost["macs"]},
             "params": {"dense": self.dense_cost["params"], "pruned": self.pruned_cost["params"]},
             "checkpoint_bytes": self.checkpoint_bytes,
@@ -75,8 +110,10 @@ def verify_plan(
     example_input: torch.Tensor,
     baseline: Mapping[str, float],
     latency_batches: tuple[int, ...] = LATENCY_BATCHES,
+    calibration: CalibrationSet | None = None,
 ) -> tuple[nn.Module, Verification]:
-    """Prune ``plan`` into a copy of ``model``, evaluate it, and measure cost, size and latency.
+    """Prune ``plan`` into a copy of ``model``, evaluate it raw and (with ``calibration``) after re-estimating the
+    BatchNorm statistics the pruning changed, and measure cost, size and latency.
 
     Args:
         model: The dense model (unchanged).
@@ -85,12 +122,18 @@ def verify_plan(
         example_input: A batch for tracing and costs; its sample shape is used for the latency inputs.
         baseline: The dense model's metrics on that data.
         latency_batches: Batch sizes to time.
+        calibration: Calibration images; without them only the raw pruned model is measured.
 
     Returns:
-        The pruned copy (eval mode, on the model's device) and the measurements.
+        The pruned copy (eval mode, on the model's device; with re-estimated statistics when calibrated) and the
+        measurements.
     """
     pruned = jointly_pruned_copy(model, plan.removals(), example_input)
-    metrics = {k: float(v) for k, v in evaluate(pruned).items() if isinstance(v, (int, float))}
+    metrics = _numbers(evaluate(pruned))
+    recalibrated = None
+    if calibration is not None:
+        stats = recalibrate_copy(model, pruned, plan.removals(), example_input, calibration.loader)
+        recalibrated = Recalibrated(_numbers(evaluate(pruned)), stats.layers, stats.images, calibration.as_dict())
     dense_cost, pruned_cost = count_cost(model, example_input), count_cost(pruned, example_input)
     if pruned_cost.macs != plan.pruned.macs or pruned_cost.params != plan.pruned.params:
         logger.warning(
@@ -114,8 +157,13 @@ def verify_plan(
         checkpoint_bytes={"dense": checkpoint_bytes(model), "pruned": checkpoint_bytes(pruned)},
         latency_ms=latency,
         device=str(device),
+        recalibrated=recalibrated,
     )
     return pruned, verification
+
+
+def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
 
 
 def checkpoint_bytes(model: nn.Module) -> int:
