@@ -17,7 +17,7 @@ from analysis.errors import AnalysisFileError, ConfigError
 from analysis.evaluate import evaluate
 from analysis.export import export_pruned
 from analysis.flops import format_count
-from analysis.job import Inputs, build_inputs, run_job
+from analysis.job import Inputs, build_inputs, needs_calibration, run_job
 from analysis.lock import exclusive
 from analysis.logs import setup_logging
 from analysis.physical import jointly_pruned_copy
@@ -257,7 +257,7 @@ def plan_main(argv: Sequence[str]) -> int:
         raise ConfigError("run.py plan needs --target_macs_reduction or --target_params_reduction (or "
                           "SensitivityAnalysis.target_macs_reduction in the config).")  # fmt: skip
     progress = False if args.quiet else None
-    inputs = build_inputs(config, progress)
+    inputs = build_inputs(config, progress, calibration=needs_calibration(config))
     analysis_file = config.SensitivityAnalysis.analysis_file
     assert analysis_file is not None
     if not Path(analysis_file).is_file():
@@ -290,7 +290,8 @@ def verify_main(argv: Sequence[str]) -> int:
                                       "target_params_reduction": None}  # fmt: skip
         config = config_from_data(raw, stored.get("source") or args.analysis_file, args.overrides, flags)
     progress = False if args.quiet else None
-    return _finish(config, build_inputs(config, progress), args, progress, ratios_file=args.ratios)
+    inputs = build_inputs(config, progress, calibration=needs_calibration(config))
+    return _finish(config, inputs, args, progress, ratios_file=args.ratios)
 
 
 def _finish(config: Config, inputs: Inputs, args: argparse.Namespace, progress: bool | None,

@@ -337,7 +337,6 @@ def test_build_inputs_builds_calibration_only_when_asked(
         build_inputs(config, progress=False, calibration=True)
 
 
-@pytest.mark.xfail(strict=False, reason="wired by run_job")
 def test_cli_bad_calibration_list_exits_2_before_writing(cli: Cli, tmp_path: Path, data: Path) -> None:
     (data / "calib.txt").write_text("train/missing.png 0\n")
     result = cli("--config_path", job_config(tmp_path, data, calib_list="calib.txt"), "--pruned_ratios", "0.5")
