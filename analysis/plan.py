@@ -83,6 +83,9 @@ class Plan:
         pruned: The cost with every group pruned at once (exact, ``macs`` convention).
         settings: Criterion and group reduction the channels are ranked with (the analysis file's).
         source: ``budget`` (allocated for :attr:`target`) or the ratios file the plan was read from.
+        method: ``knapsack`` (allocated from the sensitivity curves), ``measured`` (improved with joint
+            evaluations, see :mod:`analysis.measured`) or ``ratios`` (applied as given).
+        search: For ``measured``: what the search evaluated and measured (JSON-friendly).
     """
 
     measure: str
@@ -94,6 +97,8 @@ class Plan:
     pruned: Cost
     settings: dict[str, Any] = field(default_factory=dict)
     source: str = "budget"
+    method: str = "knapsack"
+    search: dict[str, Any] | None = None
 
     @property
     def ratios(self) -> dict[str, float]:
@@ -126,10 +131,8 @@ class Plan:
             "measure": self.measure,
             "target": self.target,
             "source": self.source,
-            "method": "multiple-choice knapsack by dynamic programming; summed predicted loss within "
-            f"{max(0.0, self.predicted_loss - self.lower_bound):.6g} of the optimum"
-            if self.source == "budget"
-            else "ratios as given",
+            "method": self.method,
+            "method_description": self.describe_method(),
             "predicted_loss": self.predicted_loss,
             "lower_bound": self.lower_bound,
             "dense": self.dense.as_dict(),
@@ -137,7 +140,24 @@ class Plan:
             **{k: v for k, v in cost_summary(self.dense, self.pruned).items() if k.endswith("reduction")},
             "settings": self.settings,
             "groups": groups,
+            **({"search": self.search} if self.search is not None else {}),
         }
+
+    def describe_method(self) -> str:
+        """One sentence on how the plan was chosen and what its predicted loss is."""
+        if self.method == "ratios":
+            return "ratios as given; predicted loss = sum of the single-layer losses"
+        knapsack = (
+            "multiple-choice knapsack by dynamic programming over the monotone sensitivity curves; summed predicted "
+            f"loss within {max(0.0, self.predicted_loss - self.lower_bound):.6g} of the optimum"
+        )
+        if self.method == "knapsack":
+            return knapsack
+        evaluations = (self.search or {}).get("evaluations", 0)
+        return (
+            f"measured: started from the knapsack plan, improved with {evaluations} joint evaluations (all groups "
+            "pruned at once, BatchNorm re-estimated); predicted loss = the loss measured for this plan"
+        )
 
 
 def build_plan(
@@ -160,29 +180,31 @@ def build_plan(
         AnalysisFileError: If the file has no sidecar, was computed on other weights, or element-wise.
         UserError: If the target is outside (0, 1) or not reachable with the measured ratios.
     """
-    if measure not in MEASURES:
-        raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
     if not 0.0 < target < 1.0:
         raise UserError(f"target_{measure}_reduction must be between 0 and 1 (0.4 = 40% fewer), got {target}.")
-    settings = _analysis_settings(model, analysis_file)
-    sensitivities = load_sensitivities(analysis_file)
     with eval_mode(model):
-        planner = _Planner(model, example_input, settings, measure)
-        costs = planner.costs
-        options = planner.options(sensitivities)
-        if not options:
-            raise AnalysisFileError(f"{analysis_file} has no measured filter-pruning losses to plan with.")
-        dense = costs.dense.macs if measure == "macs" else costs.dense.params
-        try:
-            allocation = allocate(options, target * dense, planner.joint_saved)
-        except BudgetUnreachable as error:
-            best = planner.joint_saved({g.key: g.choices[-1] for g in options}) / dense
-            raise UserError(
-                f"target_{measure}_reduction {target:g} cannot be reached: pruning every analysed conv at its "
-                f"largest measured ratio removes {best:.1%} of the {measure}; analyse larger "
-                "SensitivityAnalysis.pruned_ratios or lower the target."
-            ) from error
-        return planner.plan(options, allocation, target, {k: settings[k] for k in ("criterion", "group_reduction")})
+        planner, options = open_planner(model, example_input, analysis_file, measure)
+        allocation = planner.allocate(options, target)
+        return planner.plan(options, allocation.choices, target, allocation.predicted_loss, allocation.lower_bound)
+
+
+def open_planner(
+    model: nn.Module, example_input: torch.Tensor, analysis_file: str | Path, measure: str = "macs"
+) -> tuple[Planner, list[GroupOptions]]:
+    """The :class:`Planner` of ``model`` with the settings of ``analysis_file``, and every analysed group's options
+    (call in eval mode).
+
+    Raises:
+        AnalysisFileError: As :func:`build_plan`, or when the file holds no filter-pruning losses.
+    """
+    if measure not in MEASURES:
+        raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
+    settings = _analysis_settings(model, analysis_file)
+    planner = Planner(model, example_input, settings, measure)
+    options = planner.options(load_sensitivities(analysis_file))
+    if not options:
+        raise AnalysisFileError(f"{analysis_file} has no measured filter-pruning losses to plan with.")
+    return planner, options
 
 
 def plan_from_ratios(
@@ -205,7 +227,7 @@ def plan_from_ratios(
     settings = _analysis_settings(model, analysis_file)
     sensitivities = load_sensitivities(analysis_file)
     with eval_mode(model):
-        planner = _Planner(model, example_input, settings, "macs")
+        planner = Planner(model, example_input, settings, "macs")
         params, costs = planner.params, planner.costs
         decided: dict[str, str] = {}  # param -> the member that decided its group
         groups: list[PlannedGroup] = []
@@ -237,8 +259,9 @@ def plan_from_ratios(
         groups.sort(key=lambda g: order[g.members[0]])
         pruned = planner.joint_cost([(g.ranking_param, g.removed) for g in groups])
         predicted_total = sum(g.predicted_loss for g in groups)
-        return Plan("macs", None, groups, predicted_total, predicted_total, costs.dense, pruned,
-                    {k: settings[k] for k in ("criterion", "group_reduction")}, source)  # fmt: skip
+        ranking = {k: settings[k] for k in ("criterion", "group_reduction", "round_to")}
+        return Plan("macs", None, groups, predicted_total, predicted_total, costs.dense, pruned, ranking, source,
+                    method="ratios")  # fmt: skip
 
 
 def param_count(param: PrunableParam, ratio: float, round_to: int = 1) -> int:
@@ -268,13 +291,14 @@ def _analysis_settings(model: nn.Module, analysis_file: str | Path) -> dict[str,
     return settings
 
 
-class _Planner:
+class Planner:
     """Options per group and exact joint savings for one model, analysis settings and measure."""
 
     def __init__(
         self, model: nn.Module, example_input: torch.Tensor, settings: Mapping[str, Any], measure: str
     ) -> None:
-        self.model, self.measure = model, measure
+        self.model, self.measure, self.example_input = model, measure, example_input
+        self.settings = dict(settings)
         self.graph: tp.DependencyGraph = build_dependency_graph(model, example_input)
         self.params = describe_convs(model, self.graph, conv_execution_order(model, example_input))
         self.costs = CostModel(model, example_input)
@@ -349,15 +373,47 @@ class _Planner:
         dense = self.costs.dense
         return float(dense.macs - cost.macs if self.measure == "macs" else dense.params - cost.params)
 
-    def plan(self, options: Sequence[GroupOptions], allocation: Allocation, target: float,
-             settings: dict[str, Any]) -> Plan:  # fmt: skip
+    def allocate(self, options: Sequence[GroupOptions], target: float) -> Allocation:
+        """The knapsack allocation reaching ``target`` (a reduction fraction of :attr:`measure`).
+
+        Raises:
+            UserError: If even the largest measured ratios do not reach it.
+        """
+        dense = self.dense_measure
+        try:
+            return allocate(options, target * dense, self.joint_saved)
+        except BudgetUnreachable as error:
+            best = self.joint_saved({g.key: g.choices[-1] for g in options}) / dense
+            raise UserError(
+                f"target_{self.measure}_reduction {target:g} cannot be reached: pruning every analysed conv at its "
+                f"largest measured ratio removes {best:.1%} of the {self.measure}; analyse larger "
+                "SensitivityAnalysis.pruned_ratios or lower the target."
+            ) from error
+
+    @property
+    def dense_measure(self) -> float:
+        """The dense model's MACs or params (whichever :attr:`measure` is)."""
+        return float(self.costs.dense.macs if self.measure == "macs" else self.costs.dense.params)
+
+    def plan(
+        self,
+        options: Sequence[GroupOptions],
+        choices: Mapping[str, Choice],
+        target: float,
+        predicted_loss: float,
+        lower_bound: float,
+        method: str = "knapsack",
+        search: dict[str, Any] | None = None,
+    ) -> Plan:
+        """The :class:`Plan` of one choice per group (groups missing from ``choices`` stay unpruned)."""
         groups = []
         for group in options:
-            choice = allocation.choices[group.key]
-            if choice.count:
+            choice = choices.get(group.key)
+            if choice is not None and choice.count:
                 ranking = self.by_name[choice.param]
                 groups.append(PlannedGroup(group.members, choice.param, ranking.module_name, group.channels,
                                            self.removed(choice.param, choice.count), choice.loss))  # fmt: skip
         pruned = self.joint_cost([(g.ranking_param, g.removed) for g in groups])
-        return Plan(self.measure, target, groups, allocation.predicted_loss, allocation.lower_bound,
-                    self.costs.dense, pruned, settings)  # fmt: skip
+        settings = {k: self.settings[k] for k in ("criterion", "group_reduction", "round_to")}
+        return Plan(self.measure, target, groups, predicted_loss, lower_bound, self.costs.dense, pruned, settings,
+                    method=method, search=search)  # fmt: skip

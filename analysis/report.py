@@ -400,6 +400,13 @@ def _unprunable_table(sidecar: Mapping[str, Any] | None) -> str:
     )
 
 
+def _prediction(plan: Mapping[str, Any]) -> str:
+    """What a plan's predicted loss is."""
+    if plan.get("method") == "measured":
+        return "measured for this plan by the search, all groups pruned at once"
+    return "sum of the single-layer losses"
+
+
 def _plan_section(sidecar: Mapping[str, Any] | None) -> str:
     """The pruning plan (``run.py plan``/``verify``): its groups, predicted against measured loss, cost and speed."""
     plan = _dict(sidecar, "plan")
@@ -409,8 +416,8 @@ def _plan_section(sidecar: Mapping[str, Any] | None) -> str:
     target = _number(plan.get("target"))
     what = (f"budget: {_e(plan.get('measure'))} reduced by at least {_percent(target)}" if target is not None
             else f"ratios from <code>{_e(plan.get('source'))}</code>")  # fmt: skip
-    rows = [("plan", what), ("method", _e(plan.get("method", "-"))),
-            ("predicted loss", _e(f"{_fmt(plan.get('predicted_loss'))} (sum of the single-layer losses)"))]  # fmt: skip
+    rows = [("plan", what), ("method", _e(plan.get("method_description") or plan.get("method", "-"))),
+            ("predicted loss", _e(f"{_fmt(plan.get('predicted_loss'))} ({_prediction(plan)})"))]  # fmt: skip
     if verification:
         measured, baseline, pruned = (_dict(verification.get(k)) for k in ("measured_loss", "baseline", "pruned"))
         reestimated = _dict(verification.get("reestimated"))
