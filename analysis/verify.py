@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,12 +128,7 @@ def verify_plan(
         The pruned copy (eval mode, on the model's device; with re-estimated statistics when calibrated) and the
         measurements.
     """
-    pruned = jointly_pruned_copy(model, plan.removals(), example_input)
-    metrics = _numbers(evaluate(pruned))
-    recalibrated = None
-    if calibration is not None:
-        stats = recalibrate_copy(model, pruned, plan.removals(), example_input, calibration.loader)
-        recalibrated = Recalibrated(_numbers(evaluate(pruned)), stats.layers, stats.images, calibration.as_dict())
+    pruned, metrics, recalibrated = measure_pruned(model, plan.removals(), evaluate, example_input, calibration)
     dense_cost, pruned_cost = count_cost(model, example_input), count_cost(pruned, example_input)
     if pruned_cost.macs != plan.pruned.macs or pruned_cost.params != plan.pruned.params:
         logger.warning(
@@ -160,6 +155,27 @@ def verify_plan(
         recalibrated=recalibrated,
     )
     return pruned, verification
+
+
+def measure_pruned(
+    model: nn.Module,
+    removals: Sequence[tuple[str, Sequence[int]]],
+    evaluate: Callable[[nn.Module], Mapping[str, float]],
+    example_input: torch.Tensor,
+    calibration: CalibrationSet | None,
+) -> tuple[nn.Module, dict[str, float], Recalibrated | None]:
+    """Physically prune every ``(conv name, channels)`` removal into a copy of ``model`` and evaluate it raw and,
+    with ``calibration``, after re-estimating the BatchNorm statistics the removals change.
+
+    Returns:
+        The pruned copy (re-estimated when calibrated), its raw metrics, and the re-estimated measurement.
+    """
+    pruned = jointly_pruned_copy(model, removals, example_input)
+    metrics = _numbers(evaluate(pruned))
+    if calibration is None:
+        return pruned, metrics, None
+    stats = recalibrate_copy(model, pruned, removals, example_input, calibration.loader)
+    return pruned, metrics, Recalibrated(_numbers(evaluate(pruned)), stats.layers, stats.images, calibration.as_dict())
 
 
 def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
