@@ -219,6 +219,6 @@ def recalibrate_copy(
         graph = build_dependency_graph(model, example_input)
         groups = [removal_group(graph, model.get_submodule(name), channels) for name, channels in removals if channels]
         names = batchnorm_names(model, affected_batchnorms(graph, groups))
+    pruned.eval()  # every other BatchNorm keeps using its running statistics while the affected ones re-estimate
     images = reestimate(pruned, [pruned.get_submodule(name) for name in names], batches)
-    pruned.eval()
     return CalibrationStats(names, images)

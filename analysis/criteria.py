@@ -55,21 +55,15 @@ def removal_count(channels: int, ratio: float, blocks: int = 0, round_to: int = 
 
     The count starts as :func:`channels_to_remove`. With ``blocks`` conv groups (a grouped conv in the group) it is
     rounded down to a multiple of ``blocks`` (each conv group gives up the same number). With ``round_to`` N > 1
-    the channels kept must be a multiple of ``step = lcm(N, blocks)`` and at least ``step``: the kept count is
-    rounded to the nearest multiple (ties keep more), so a ratio maps to the nearest allowed count. Returns 0 when
-    no allowed count removes anything.
+    the count becomes the allowed count (:func:`allowed_counts`: no removal, or keeping a positive multiple of
+    ``lcm(N, blocks)`` channels) whose kept channels are nearest to the unrounded kept count; ties keep more.
     """
     count = channels_to_remove(channels, ratio)
     if round_to <= 1:
         step = blocks or 1
         return count // step * step
-    step = math.lcm(round_to, blocks or 1)
-    largest_kept = channels // step * step
-    if largest_kept == 0:
-        return 0
     kept = channels - count
-    nearest = min(largest_kept, max(step, step * math.floor(kept / step + 0.5)))
-    return channels - nearest
+    return min(allowed_counts(channels, blocks, round_to), key=lambda other: (abs(channels - other - kept), other))
 
 
 def allowed_counts(channels: int, blocks: int = 0, round_to: int = 1) -> list[int]:
