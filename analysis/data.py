@@ -178,8 +178,13 @@ def select_subset(samples: Sequence[Sample], max_samples: int | None, seed: int)
     Classes take turns (each in its own seeded random order) until the budget is spent, so every class gets
     ``max_samples // classes`` images or all it has.
     """
+    return [samples[i] for i in subset_indices(samples, max_samples, seed)]
+
+
+def subset_indices(samples: Sequence[Sample], max_samples: int | None, seed: int) -> list[int]:
+    """The positions of :func:`select_subset`'s choice in ``samples``, ascending."""
     if max_samples is None or max_samples >= len(samples):
-        return list(samples)
+        return list(range(len(samples)))
     by_class: dict[int, list[int]] = defaultdict(list)
     for index, sample in enumerate(samples):
         by_class[sample.label].append(index)
@@ -196,7 +201,7 @@ def select_subset(samples: Sequence[Sample], max_samples: int | None, seed: int)
             if depth < len(queue) and len(chosen) < max_samples:
                 chosen.append(queue[depth])
         depth += 1
-    return [samples[i] for i in sorted(chosen)]
+    return sorted(chosen)
 
 
 def load_image(path: str, preprocess: Preprocess) -> torch.Tensor:
@@ -369,6 +374,18 @@ class EvalLoader:
                 position += count
                 bar.update(count)
         self.cached = (images, labels)
+
+    def subset(self, max_samples: int, seed: int) -> EvalLoader:
+        """A seeded, class-balanced subset of at most ``max_samples`` of these images (read from RAM when these are
+        cached, without decoding again)."""
+        indices = subset_indices(self.samples, max_samples, seed)
+        chosen = [self.samples[i] for i in indices]
+        layout = f"{self.layout} (class-balanced subset of {len(chosen)}, seed {seed})"
+        subset = EvalLoader(chosen, layout, self.preprocess, self.batch_size, self.num_workers, self.device)
+        if self.cached is not None:
+            index = torch.as_tensor(indices, dtype=torch.long)
+            subset.cached = (self.cached[0][index], self.cached[1][index])
+        return subset
 
     def fingerprint(self) -> str:
         """Identifies the evaluated images (paths relative to their list or folder, labels, order) and the

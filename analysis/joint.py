@@ -12,7 +12,7 @@ many neighbouring plans pays for the forward passes only.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,10 +24,11 @@ from analysis.flops import Cost
 from analysis.groups import removal_group
 from analysis.masking import zeroed, zeroed_slices
 from analysis.physical import jointly_pruned_copy
-from analysis.ratios import Choice, GroupOptions
 
-Selection = Mapping[str, int]
-"""Channels removed per group: group key (its first member) -> count (0: not pruned)."""
+Pick = tuple[str, int]
+"""How one group is pruned: the member whose criterion ranks the channels, and how many channels it removes."""
+Selection = Mapping[str, Pick]
+"""A plan as the search sees it: group key (its first member) -> pick (count 0: not pruned)."""
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,11 @@ class JointScore:
 
 
 class JointEvaluator:
-    """Evaluates selections of per-group channel counts jointly, with BatchNorm re-estimation when calibration
-    batches are given.
+    """Evaluates selections of per-group picks jointly, with BatchNorm re-estimation when calibration batches are
+    given.
 
     Args:
         planner: The :class:`~analysis.plan.Planner` of the model (graph, costs, channel rankings).
-        options: The groups and their choices (which member ranks the channels at each count).
         evaluate: Metrics of a model on the scoring data.
         calibration: Batches for BatchNorm re-estimation (None: the dense model's statistics are kept).
         physical: Prune physical copies instead of masking (some analysed group needs it).
@@ -55,48 +55,35 @@ class JointEvaluator:
     def __init__(
         self,
         planner: Any,
-        options: Sequence[GroupOptions],
         evaluate: Callable[[nn.Module], Mapping[str, float]],
         calibration: Iterable[Any] | None,
         physical: bool = False,
     ) -> None:
         self.planner = planner
-        self.options = {group.key: group for group in options}
         self.evaluate = evaluate
         self.calibration = calibration
         self.physical = physical
-        self._choices = {key: {choice.count: choice for choice in group.choices} for key, group in self.options.items()}
-        self._groups: dict[tuple[str, int], Any] = {}
-        self._slices: dict[tuple[str, int], list[tuple[torch.Tensor, Any]]] = {}
-        self._sources: dict[tuple[str, int], list[Any]] = {}
-        self._costs: dict[tuple[tuple[str, int], ...], Cost] = {}
-
-    def choice(self, key: str, count: int) -> Choice:
-        """The option of group ``key`` that removes ``count`` channels."""
-        return self._choices[key][count]
+        self._groups: dict[Pick, Any] = {}
+        self._slices: dict[Pick, list[tuple[torch.Tensor, Any]]] = {}
+        self._sources: dict[Pick, list[Any]] = {}
 
     def removals(self, selection: Selection) -> list[tuple[str, list[int]]]:
         """``(conv module name, channels)`` of every pruned group of ``selection``, for physical pruning."""
-        pruned = []
-        for key, count in selection.items():
-            if count:
-                choice = self.choice(key, count)
-                module = self.planner.by_name[choice.param].module_name
-                pruned.append((module, self.planner.removed(choice.param, count)))
-        return pruned
+        return [
+            (self.planner.by_name[param].module_name, self.planner.removed(param, count))
+            for param, count in selection.values()
+            if count
+        ]
 
     def cost(self, selection: Selection) -> Cost:
         """The exact cost of the model with every group of ``selection`` pruned at once."""
-        pruned = tuple(sorted((key, count) for key, count in selection.items() if count))
-        if pruned not in self._costs:
-            items = [item for key, count in pruned for item in self._group(key, count)]
-            self._costs[pruned] = self.planner.costs.group_cost(self.planner.graph, items)
-        return self._costs[pruned]
+        items = [item for pick in selection.values() if pick[1] for item in self._group(pick)]
+        return self.planner.costs.group_cost(self.planner.graph, items)
 
     def score(self, selection: Selection) -> JointScore:
         """Evaluate the model with every group of ``selection`` pruned at once (BatchNorm re-estimated)."""
         start = time.perf_counter()
-        pruned = [(key, count) for key, count in selection.items() if count]
+        pruned = [pick for pick in selection.values() if pick[1]]
         model = self.planner.model
         if self.physical:
             copy = jointly_pruned_copy(model, self.removals(selection), self.planner.example_input)
@@ -104,31 +91,29 @@ class JointEvaluator:
                 recalibrate_copy(model, copy, self.removals(selection), self.planner.example_input, self.calibration)
             metrics = dict(self.evaluate(copy))
         else:
-            slices = [piece for key, count in pruned for piece in self._slices_of(key, count)]
+            slices = [piece for pick in pruned for piece in self._slices_of(pick)]
             sources: list[Any] = []
-            for key, count in pruned:
-                sources.extend(m for m in self._sources_of(key, count) if m not in sources)
+            for pick in pruned:
+                sources.extend(m for m in self._sources_of(pick) if m not in sources)
             layers = downstream_batchnorms(self.planner.graph, sources) if self.calibration is not None else []
             with zeroed(slices), reestimated(model, layers, self.calibration or ()):
                 metrics = dict(self.evaluate(model))
         cost = self.cost(selection)
         return JointScore(metrics, cost.macs, cost.params, time.perf_counter() - start)
 
-    def _group(self, key: str, count: int) -> Any:
-        if (key, count) not in self._groups:
-            choice = self.choice(key, count)
-            conv = self.planner.model.get_submodule(self.planner.by_name[choice.param].module_name)
-            self._groups[(key, count)] = removal_group(
-                self.planner.graph, conv, self.planner.removed(choice.param, count)
-            )
-        return self._groups[(key, count)]
+    def _group(self, pick: Pick) -> Any:
+        if pick not in self._groups:
+            param, count = pick
+            conv = self.planner.model.get_submodule(self.planner.by_name[param].module_name)
+            self._groups[pick] = removal_group(self.planner.graph, conv, self.planner.removed(param, count))
+        return self._groups[pick]
 
-    def _slices_of(self, key: str, count: int) -> list[tuple[torch.Tensor, Any]]:
-        if (key, count) not in self._slices:
-            self._slices[(key, count)] = zeroed_slices(self.planner.graph, self._group(key, count))
-        return self._slices[(key, count)]
+    def _slices_of(self, pick: Pick) -> list[tuple[torch.Tensor, Any]]:
+        if pick not in self._slices:
+            self._slices[pick] = zeroed_slices(self.planner.graph, self._group(pick))
+        return self._slices[pick]
 
-    def _sources_of(self, key: str, count: int) -> list[Any]:
-        if (key, count) not in self._sources:
-            self._sources[(key, count)] = changed_sources(self.planner.graph, self._group(key, count))
-        return self._sources[(key, count)]
+    def _sources_of(self, pick: Pick) -> list[Any]:
+        if pick not in self._sources:
+            self._sources[pick] = changed_sources(self.planner.graph, self._group(pick))
+        return self._sources[pick]

@@ -309,6 +309,7 @@ class Planner:
         self.round_to = int(settings.get("round_to", 1))
         self._scores: dict[str, torch.Tensor] = {}
         self._removed: dict[tuple[str, int], list[int]] = {}
+        self._saved: dict[tuple[str, int], float] = {}
 
     def removed(self, name: str, count: int) -> list[int]:
         """The channels ``name``'s ranking removes at ``count`` (the analysis engine's choice)."""
@@ -321,9 +322,13 @@ class Planner:
         return self._removed[key]
 
     def saved_alone(self, name: str, count: int) -> float:
-        cost = self.costs.variant(self.graph, self.by_name[name].module_name, self.removed(name, count))
-        dense = self.costs.dense
-        return float(dense.macs - cost.macs if self.measure == "macs" else dense.params - cost.params)
+        """What removing ``count`` of ``name``'s channels (with its group) saves on its own."""
+        key = (name, count)
+        if key not in self._saved:
+            cost = self.costs.variant(self.graph, self.by_name[name].module_name, self.removed(name, count))
+            dense = self.costs.dense
+            self._saved[key] = float(dense.macs - cost.macs if self.measure == "macs" else dense.params - cost.params)
+        return self._saved[key]
 
     def options(self, sensitivities: Mapping[str, Mapping[float, float]]) -> list[GroupOptions]:
         """One :class:`GroupOptions` per group of coupled params that has measured losses."""

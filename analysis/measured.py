@@ -1,0 +1,534 @@
+"""The measured plan method: knapsack plans as starting points, then a search that measures whole plans.
+
+The knapsack plan minimises the sum of single-layer losses, and single-layer losses do not add up: pruned
+together, layers interact, and a plan that looks cheap on paper can measure badly. This method spends a budget of
+joint evaluations (every group pruned at once, BatchNorm statistics re-estimated, :mod:`analysis.joint`):
+
+1. **Starts.** The knapsack plan of the analysis file's losses, and knapsack plans of other views of the same
+   measurements (the sidecar keeps every variant's top1 and cross-entropy): the relative increase of the
+   cross-entropy, its logarithm, a blend with top1, each also with no group pruned beyond a ratio cap. Every start
+   reaches the budget exactly and is measured.
+2. **Trades.** From the best plan so far, a seeded random pair of groups trades channels: one removes a step of
+   its channels more (or fewer), the other gives back (or takes) as many as the exact budget allows, so every
+   candidate still meets it. A candidate that measures better (cross-entropy on the scoring images) replaces the
+   plan. After ``patience`` failures per group the step halves, down to ``min_step``, then starts over.
+3. **Finalists.** The search's plan, the best start, the knapsack plan and the next best distinct plans are
+   measured again with every calibration image; the best top1 (cross-entropy breaks ties) wins. The knapsack plan
+   is always a finalist, so the result never measures below it.
+
+Every evaluation is saved in the sidecar as it finishes (under the analysis file's lock). The search is
+deterministic, so a run that was killed retraces its steps and takes every evaluation it already made from the
+sidecar: a resumed search evaluates only what is missing and ends with the same plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from analysis.data import EvalLoader
+from analysis.engine import relative_loss
+from analysis.errors import UserError
+from analysis.fingerprint import json_fingerprint
+from analysis.groups import eval_mode
+from analysis.joint import JointEvaluator, JointScore, Pick
+from analysis.lock import exclusive
+from analysis.plan import Plan, open_planner
+from analysis.ratios import Choice, GroupOptions
+from analysis.results import load_sensitivities, load_sidecar, save_sidecar
+
+logger = logging.getLogger(__name__)
+
+Picks = dict[str, Pick]  # group key -> (ranking param, channels removed)
+
+# Starting curves: (kind, ratio cap). ``loss`` is the analysis file's own loss (the knapsack method's plan).
+START_CURVES: tuple[tuple[str, float | None], ...] = (
+    ("loss", None),
+    ("ce", None),
+    ("ce", 0.6),
+    ("log_ce", None),
+    ("log_ce", 0.6),
+    ("blend", None),
+    ("blend", 0.6),
+    ("top1", None),
+    ("top1", 0.6),
+)
+BLEND_CE_WEIGHT = 0.8  # blend = (1 - w) * relative top1 loss + w * relative CE increase / 10
+IMPROVEMENT = 1e-4  # a trade must lower the search's cross-entropy by more than this to be kept
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How much the measured method measures.
+
+    Attributes:
+        evaluations: Joint evaluations in the search setting (starts and trades).
+        seed: Seed of the trade sequence.
+        calibration_images: Calibration images per search evaluation (a seeded class-balanced subset of the
+            calibration set); finalists use every calibration image.
+        step: First trade size, as a fraction of a group's channels.
+        min_step: Smallest trade size before it starts over at ``step``.
+        patience: Failed trades per group before the step halves.
+        finalists: Plans measured again with every calibration image (the knapsack plan is always one of them).
+    """
+
+    evaluations: int = 60
+    seed: int = 0
+    calibration_images: int = 256
+    step: float = 1 / 16
+    min_step: float = 1 / 64
+    patience: int = 2
+    finalists: int = 4
+
+
+@dataclass
+class Scored:
+    """A plan and what it measured in one setting."""
+
+    name: str
+    picks: Picks
+    score: JointScore
+
+    @property
+    def search_key(self) -> tuple[float, ...]:
+        """Larger is better: minus the cross-entropy (continuous, so small improvements are visible)."""
+        return (-self.score.metrics["ce"],)
+
+    @property
+    def final_key(self) -> tuple[float, ...]:
+        """Larger is better: top1, then minus the cross-entropy."""
+        return (self.score.metrics["top1"], -self.score.metrics["ce"])
+
+
+@dataclass
+class SearchResult:
+    """The chosen plan, the knapsack plan's measurement, and what the search did."""
+
+    best: Scored
+    knapsack: Scored
+    finalists: list[Scored]
+    evaluations: int
+    reused: int
+    accepted: int
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+class SearchLog:
+    """Every joint evaluation of measured searches, kept in the sidecar of the analysis file and saved after each.
+
+    Evaluations are keyed by what determines their result (model, data, calibration images, channel ranking, the
+    setting) and by the plan, not by the budget or the target, so searches for other targets reuse them too.
+    """
+
+    SECTION = "plan_search"
+
+    def __init__(self, analysis_file: str | Path, key: Mapping[str, Any]) -> None:
+        self.analysis_file = Path(analysis_file)
+        self.key = json_fingerprint(dict(key))
+        self.sidecar = load_sidecar(self.analysis_file) or {}
+        section = self.sidecar.setdefault(self.SECTION, {})
+        entry = section.setdefault(self.key, {"key": dict(key), "evaluations": []})
+        self.entries = entry["evaluations"]
+        self._index = {self._id(e["setting"], e["picks"]): e for e in self.entries}
+
+    @staticmethod
+    def _id(setting: str, picks: Any) -> tuple[Any, ...]:
+        return (setting, tuple(tuple(p) for p in sorted(picks)))
+
+    @staticmethod
+    def encode(picks: Picks) -> list[list[Any]]:
+        """The JSON form of a plan: ``[group key, ranking param, count]`` of every pruned group, sorted."""
+        return sorted([key, param, count] for key, (param, count) in picks.items() if count)
+
+    def get(self, setting: str, picks: Picks) -> JointScore | None:
+        """The stored measurement of ``picks`` in ``setting``, if any."""
+        entry = self._index.get(self._id(setting, self.encode(picks)))
+        if entry is None:
+            return None
+        return JointScore(dict(entry["metrics"]), entry["macs"], entry["params"], entry["seconds"])
+
+    def add(self, setting: str, picks: Picks, score: JointScore) -> None:
+        """Store a measurement and save the sidecar atomically."""
+        entry = {"setting": setting, "picks": self.encode(picks), "metrics": score.metrics, "macs": score.macs,
+                 "params": score.params, "seconds": round(score.seconds, 3)}  # fmt: skip
+        self.entries.append(entry)
+        self._index[self._id(setting, entry["picks"])] = entry
+        save_sidecar(self.analysis_file, self.sidecar)
+
+
+class MeasuredSearch:
+    """One measured search for a budget (see the module docstring).
+
+    Args:
+        planner: The :class:`~analysis.plan.Planner` (graph, costs, channel rankings, knapsack).
+        options: Every analysed group's options from the analysis file's losses.
+        starts: Start plans by name (``knapsack`` first), each reaching the target.
+        target: The saving to reach, in units of ``planner.measure``.
+        search: Evaluates plans in the search setting (calibration subset).
+        full: Evaluates plans in the full setting (every calibration image).
+        log: Where evaluations are stored and found again.
+        settings: Budget and step sizes.
+        progress: Show a progress bar (None: on a terminal).
+    """
+
+    def __init__(
+        self,
+        planner: Any,
+        options: Sequence[GroupOptions],
+        starts: Mapping[str, Picks],
+        target: float,
+        search: JointEvaluator,
+        full: JointEvaluator,
+        log: SearchLog,
+        settings: SearchSettings,
+        progress: bool | None = None,
+    ) -> None:
+        self.planner, self.target, self.settings = planner, target, settings
+        self.options = {group.key: group for group in options}
+        self.keys = list(self.options)
+        self.starts = dict(starts)
+        self.evaluators = {"search": search, "full": full}
+        self.log = log
+        self.progress = progress
+        self.largest = {key: group.choices[-1].count for key, group in self.options.items()}
+        self.counts = {key: [choice.count for choice in group.choices] for key, group in self.options.items()}
+        self.default_param = {
+            key: {choice.count: choice.param for choice in group.choices} for key, group in self.options.items()
+        }
+        self.evaluated = 0  # evaluations in the search setting, including those found in the log
+        self.reused = 0
+
+    # ---------------------------------------------------------------------------------------------- evaluation
+
+    def measure(self, name: str, picks: Picks, setting: str = "search") -> Scored:
+        """Measure ``picks`` in ``setting`` (or take the stored measurement)."""
+        score = self.log.get(setting, picks)
+        if score is None:
+            score = self.evaluators[setting].score(picks)
+            self.log.add(setting, picks, score)
+        else:
+            self.reused += 1
+        if setting == "search":
+            self.evaluated += 1
+        return Scored(name, dict(picks), score)
+
+    def saved(self, picks: Picks) -> float:
+        """The exact saving of ``picks`` (every group pruned at once)."""
+        cost = self.evaluators["search"].cost(picks)
+        dense = self.planner.costs.dense
+        return float(dense.macs - cost.macs if self.planner.measure == "macs" else dense.params - cost.params)
+
+    # ------------------------------------------------------------------------------------------------- search
+
+    def run(self) -> SearchResult:
+        """Measure the starts, trade channels until the budget is spent, and pick among the finalists."""
+        disable = not sys.stderr.isatty() if self.progress is None else not self.progress
+        with tqdm(total=self.settings.evaluations, desc="measured plan", unit="eval", disable=disable) as bar:
+            starts = self._measure_starts(bar)
+            current = max(starts, key=lambda s: s.search_key)
+            archive = list(starts)
+            accepted = 0
+            rng = random.Random(self.settings.seed)
+            trades = _Trades(self.settings, len(self.keys))
+            while self.evaluated < self.settings.evaluations and len(self.keys) > 1:
+                first, second = rng.sample(self.keys, 2)
+                more = rng.random() < 0.5
+                if not trades.fresh(first, second, more):
+                    continue
+                picks = self._trade(current.picks, first, second, more, trades.step)
+                if picks is None:
+                    trades.failed()
+                    continue
+                candidate = self.measure(f"trade {self.evaluated}", picks)
+                bar.update(1)
+                archive.append(candidate)
+                if candidate.search_key[0] > current.search_key[0] + IMPROVEMENT:
+                    current, accepted = candidate, accepted + 1
+                    trades.succeeded()
+                    bar.set_postfix(ce=f"{-current.search_key[0]:.4f}", refresh=False)
+                else:
+                    trades.failed()
+        finalists = self._finalists(current, starts, archive)
+        best = max(finalists, key=lambda s: s.final_key)
+        knapsack = next(s for s in finalists if s.name == "knapsack")
+        result = SearchResult(best, knapsack, finalists, self.evaluated, self.reused, accepted)
+        result.summary = self._summary(result)
+        return result
+
+    def _measure_starts(self, bar: tqdm) -> list[Scored]:
+        """Measure every distinct start (the knapsack plan always, the others while the budget lasts)."""
+        scored: list[Scored] = []
+        seen: set[tuple[tuple[Any, ...], ...]] = set()
+        for name, picks in self.starts.items():
+            encoded = tuple(map(tuple, SearchLog.encode(picks)))
+            if encoded in seen or (self.evaluated >= self.settings.evaluations and name != "knapsack"):
+                continue
+            seen.add(encoded)
+            scored.append(self.measure(name, picks))
+            bar.update(1)
+        return scored
+
+    def _trade(self, picks: Picks, first: str, second: str, more: bool, step: float) -> Picks | None:
+        """``first`` removes a step more (``more``) or fewer channels; ``second`` gives back or takes as many as the
+        exact target allows. None when either move is impossible or would change nothing."""
+        moved = self._shift(picks, first, step, up=more)
+        if moved is None:
+            return None
+        partner = self._lowest_meeting(moved, second) if more else self._raise_until_met(moved, second)
+        if partner is None or partner[second][1] == picks[second][1]:
+            return None
+        return partner
+
+    def _shift(self, picks: Picks, key: str, step: float, up: bool) -> Picks | None:
+        counts = self.counts[key]
+        channels = self.options[key].channels
+        now = picks[key][1]
+        delta = max(1, round(channels * step))
+        wanted = now + delta if up else now - delta
+        allowed = [c for c in counts if (c > now and c <= max(wanted, now)) or (c < now and c >= min(wanted, now))]
+        if not allowed:
+            beyond = [c for c in counts if c > now] if up else [c for c in counts if c < now]
+            if not beyond:
+                return None
+            allowed = [min(beyond)] if up else [max(beyond)]
+        count = max(allowed) if up else min(allowed)
+        return self._with(picks, key, count)
+
+    def _with(self, picks: Picks, key: str, count: int) -> Picks:
+        """``picks`` with group ``key`` at ``count`` (its ranking param kept, or the default one when it starts)."""
+        param = picks[key][0] if picks[key][1] and count else self.default_param[key][count]
+        return {**picks, key: (param, count)}
+
+    def _lowest_meeting(self, picks: Picks, key: str) -> Picks | None:
+        """Lower group ``key`` as far as the target allows (None if even its current count misses it)."""
+        lower = [c for c in self.counts[key] if c <= picks[key][1]]
+        if self.saved(picks) < self.target:
+            return None
+        low, high = 0, len(lower) - 1
+        while low < high:
+            middle = (low + high) // 2
+            if self.saved(self._with(picks, key, lower[middle])) >= self.target:
+                high = middle
+            else:
+                low = middle + 1
+        return self._with(picks, key, lower[low])
+
+    def _raise_until_met(self, picks: Picks, key: str) -> Picks | None:
+        """Raise group ``key`` until the target is met (None if it cannot)."""
+        higher = [c for c in self.counts[key] if c >= picks[key][1]]
+        for count in higher:
+            candidate = self._with(picks, key, count)
+            if self.saved(candidate) >= self.target:
+                return candidate
+        return None
+
+    def _finalists(self, current: Scored, starts: Sequence[Scored], archive: Sequence[Scored]) -> list[Scored]:
+        chosen: list[Scored] = []
+        names = {s.name: s for s in starts}
+        ranked = sorted(archive, key=lambda s: s.search_key, reverse=True)
+        best_start = max(starts, key=lambda s: s.search_key)
+        for candidate in [current, best_start, names["knapsack"], *ranked]:
+            if len(chosen) >= self.settings.finalists and any(c.name == "knapsack" for c in chosen):
+                break
+            if all(SearchLog.encode(c.picks) != SearchLog.encode(candidate.picks) for c in chosen):
+                chosen.append(candidate)
+        return [self.measure(s.name, s.picks, setting="full") for s in chosen]
+
+    def _summary(self, result: SearchResult) -> dict[str, Any]:
+        def brief(scored: Scored) -> dict[str, Any]:
+            return {"name": scored.name, **{k: scored.score.metrics[k] for k in ("top1", "top5", "ce")
+                                            if k in scored.score.metrics}}  # fmt: skip
+
+        return {
+            "evaluations": result.evaluations,
+            "reused_from_sidecar": result.reused,
+            "accepted_trades": result.accepted,
+            "starts": list(self.starts),
+            "finalists": [brief(s) for s in result.finalists],
+            "chosen": result.best.name,
+            "knapsack": brief(result.knapsack),
+            "settings": {k: getattr(self.settings, k) for k in self.settings.__dataclass_fields__},
+        }
+
+
+class _Trades:
+    """The trade size and the bookkeeping that shrinks it: after ``patience`` failures per group (or once every
+    pair and direction failed at this size) the step halves, down to ``min_step``, then starts over."""
+
+    def __init__(self, settings: SearchSettings, groups: int) -> None:
+        self.settings = settings
+        self.step = settings.step
+        self.limit = settings.patience * groups
+        self.pairs = groups * (groups - 1) * 2
+        self.failures = 0
+        self.tried: set[tuple[str, str, bool]] = set()
+
+    def fresh(self, first: str, second: str, more: bool) -> bool:
+        """Whether this trade was not tried at this size since the last success (and record it)."""
+        if (first, second, more) in self.tried:
+            return False
+        self.tried.add((first, second, more))
+        return True
+
+    def succeeded(self) -> None:
+        self.failures, self.tried = 0, set()
+
+    def failed(self) -> None:
+        self.failures += 1
+        if self.failures >= self.limit or len(self.tried) >= self.pairs:
+            half = self.step / 2
+            self.step = half if half >= self.settings.min_step else self.settings.step
+            self.failures, self.tried = 0, set()
+
+
+def curve_sensitivities(sidecar: Mapping[str, Any], kind: str, cap: float | None) -> dict[str, dict[float, float]]:
+    """Losses of another view of the analysis's measurements (from the sidecar's per-variant metrics), for a
+    starting plan: ``top1`` or ``ce`` relative change against the baseline, ``log_ce`` = log(1 + max(0, ce)),
+    ``blend`` of top1 and ce; ratios above ``cap`` left out."""
+    baseline = sidecar.get("baseline") or {}
+    top1_0, ce_0 = float(baseline.get("top1") or 0.0), float(baseline.get("ce") or 0.0)
+    curves: dict[str, dict[float, float]] = {}
+    for name, info in (sidecar.get("params") or {}).items():
+        for key, variant in (info.get("variants") or {}).items():
+            ratio = float(key)
+            if (cap is not None and ratio > cap + 1e-9) or "top1" not in variant or "ce" not in variant:
+                continue
+            top1 = (top1_0 - variant["top1"]) / top1_0 if top1_0 else 0.0
+            ce = (variant["ce"] - ce_0) / ce_0 if ce_0 else 0.0
+            loss = {"top1": top1, "ce": ce, "log_ce": math.log1p(max(0.0, ce)),
+                    "blend": (1 - BLEND_CE_WEIGHT) * top1 + BLEND_CE_WEIGHT * ce / 10}[kind]  # fmt: skip
+            curves.setdefault(name, {})[ratio] = loss
+    return curves
+
+
+def start_plans(
+    planner: Any,
+    options: Sequence[GroupOptions],
+    sensitivities: Mapping[str, Mapping[float, float]],
+    sidecar: Mapping[str, Any],
+    allocate: Callable[[Sequence[GroupOptions]], Any],
+) -> dict[str, Picks]:
+    """The starting plans by name, ``knapsack`` (the analysis file's losses) first; views the sidecar cannot give
+    (no per-variant cross-entropy) or that cannot reach the target are left out."""
+    empty = {group.key: (group.key, 0) for group in options}
+    starts: dict[str, Picks] = {}
+    for kind, cap in START_CURVES:
+        name = "knapsack" if kind == "loss" else f"{kind}{'' if cap is None else f' (ratios <= {cap:g})'}"
+        view = sensitivities if kind == "loss" else curve_sensitivities(sidecar, kind, cap)
+        if kind != "loss" and not view:
+            continue
+        view_options = options if kind == "loss" else planner.options({k: v for k, v in view.items()
+                                                                        if k in sensitivities})  # fmt: skip
+        try:
+            allocation = allocate(view_options)
+        except UserError:  # this view cannot reach the target (its ratio cap is too low): the other starts remain
+            if kind == "loss":
+                raise
+            continue
+        picks = dict(empty)
+        by_member = {member: group.key for group in options for member in group.members}
+        for group in view_options:
+            choice = allocation.choices[group.key]
+            key = by_member[group.key]
+            picks[key] = (choice.param, choice.count) if choice.count else (key, 0)
+        starts[name] = picks
+    return starts
+
+
+@dataclass
+class Scoring:
+    """How the measured method scores plans: on which images, with which calibration images.
+
+    Attributes:
+        evaluate: Metrics (``top1``, ``top5``, ``ce``) of a model on the scoring images (the evaluation data).
+        data_fingerprint: Identifies those images and their preprocessing (evaluations are reused only on them).
+        calibration: Calibration batches (an :class:`~analysis.data.EvalLoader`); None keeps the dense model's
+            BatchNorm statistics.
+        seed: Seed of the calibration subset the search setting uses.
+    """
+
+    evaluate: Callable[[nn.Module], Mapping[str, float]]
+    data_fingerprint: str | None
+    calibration: EvalLoader | None
+    seed: int = 0
+
+
+def build_measured_plan(
+    model: nn.Module,
+    example_input: torch.Tensor,
+    analysis_file: str | Path,
+    target: float,
+    scoring: Scoring,
+    measure: str = "macs",
+    settings: SearchSettings | None = None,
+    progress: bool | None = None,
+) -> Plan:
+    """A plan for ``target`` (a reduction of ``measure``) chosen by measuring whole plans (see the module docstring).
+
+    Raises:
+        AnalysisFileError: As :func:`~analysis.plan.build_plan`.
+        UserError: If the target is outside (0, 1) or not reachable with the measured ratios.
+    """
+    settings = settings or SearchSettings()
+    if not 0.0 < target < 1.0:
+        raise UserError(f"target_{measure}_reduction must be between 0 and 1 (0.4 = 40% fewer), got {target}.")
+    if scoring.calibration is None:
+        logger.warning("No calibration images: the measured plan's joint evaluations keep the dense model's "
+                       "BatchNorm statistics (name training images in Global.calib_list).")  # fmt: skip
+    with eval_mode(model), exclusive(analysis_file):
+        planner, options = open_planner(model, example_input, analysis_file, measure)
+        sensitivities = load_sensitivities(analysis_file)
+        sidecar = load_sidecar(analysis_file) or {}
+        goal = target * planner.dense_measure
+        knapsack = planner.allocate(options, target)
+        starts = start_plans(planner, options, sensitivities, sidecar, lambda opts: planner.allocate(opts, target))
+        physical = any(info.get("mode") == "physical" for info in (sidecar.get("params") or {}).values())
+        calibration = scoring.calibration
+        subset = calibration.subset(settings.calibration_images, scoring.seed) if calibration is not None else None
+        search = JointEvaluator(planner, scoring.evaluate, subset, physical)
+        full = JointEvaluator(planner, scoring.evaluate, calibration, physical)
+        key = {
+            "model": (sidecar.get("fingerprint") or {}).get("model"),
+            "data": scoring.data_fingerprint,
+            "calibration": None if calibration is None else calibration.fingerprint(),
+            "search_calibration": None if subset is None else subset.fingerprint(),
+            "ranking": {k: planner.settings.get(k) for k in ("criterion", "group_reduction", "round_to")},
+            "physical": physical,
+            "measure": measure,
+        }
+        log = SearchLog(analysis_file, key)
+        result = MeasuredSearch(planner, options, starts, goal, search, full, log, settings, progress).run()
+        baseline = sidecar.get("baseline") or {}
+        metric = ((sidecar.get("fingerprint") or {}).get("settings") or {}).get("metric", "top1")
+        measured = result.best.score.metrics
+        predicted = (
+            relative_loss(float(baseline[metric]), float(measured[metric]), metric)
+            if metric in baseline and metric in measured
+            else float("nan")
+        )
+        choices = _choices(options, result.best.picks)
+        return planner.plan(options, choices, target, predicted, knapsack.lower_bound, method="measured",
+                            search=result.summary)  # fmt: skip
+
+
+def _choices(options: Sequence[GroupOptions], picks: Picks) -> dict[str, Choice]:
+    """The plan's :class:`Choice` per group; each group's predicted loss is its ranking param's curve (for the
+    table: the plan's own predicted loss is its measurement)."""
+    choices = {}
+    for group in options:
+        param, count = picks[group.key]
+        at_count = next((c for c in group.choices if c.count == count), None)
+        loss = at_count.loss if at_count is not None and at_count.param == param else float("nan")
+        saved = at_count.saved if at_count is not None else 0.0
+        choices[group.key] = Choice(count, round(count / group.channels, 6), param, loss, saved)
+    return choices
