@@ -516,19 +516,11 @@ def build_measured_plan(
             if metric in baseline and metric in measured
             else float("nan")
         )
-        choices = _choices(options, result.best.picks)
+        choices = {
+            group.key: Choice(count, round(count / group.channels, 6), param,
+                              planner.member_loss(sensitivities, param, count) if count else 0.0, 0.0)
+            for group in options
+            for param, count in [result.best.picks[group.key]]
+        }  # fmt: skip
         return planner.plan(options, choices, target, predicted, knapsack.lower_bound, method="measured",
                             search=result.summary)  # fmt: skip
-
-
-def _choices(options: Sequence[GroupOptions], picks: Picks) -> dict[str, Choice]:
-    """The plan's :class:`Choice` per group; each group's predicted loss is its ranking param's curve (for the
-    table: the plan's own predicted loss is its measurement)."""
-    choices = {}
-    for group in options:
-        param, count = picks[group.key]
-        at_count = next((c for c in group.choices if c.count == count), None)
-        loss = at_count.loss if at_count is not None and at_count.param == param else float("nan")
-        saved = at_count.saved if at_count is not None else 0.0
-        choices[group.key] = Choice(count, round(count / group.channels, 6), param, loss, saved)
-    return choices

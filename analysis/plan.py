@@ -11,6 +11,7 @@ allocate` picks the options; the plan's MACs and params are then computed exactl
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -124,7 +125,7 @@ class Plan:
         """JSON form, stored in the sidecar under ``plan``."""
         groups = [
             {"members": g.members, "ranking_param": g.ranking_param, "ratio": g.ratio, "channels": g.channels,
-             "channels_removed": len(g.removed), "predicted_loss": g.predicted_loss}
+             "channels_removed": len(g.removed), "predicted_loss": _finite(g.predicted_loss)}
             for g in self.groups
         ]  # fmt: skip
         return {
@@ -133,8 +134,8 @@ class Plan:
             "source": self.source,
             "method": self.method,
             "method_description": self.describe_method(),
-            "predicted_loss": self.predicted_loss,
-            "lower_bound": self.lower_bound,
+            "predicted_loss": _finite(self.predicted_loss),
+            "lower_bound": _finite(self.lower_bound),
             "dense": self.dense.as_dict(),
             "pruned": {"macs": self.pruned.macs, "params": self.pruned.params},
             **{k: v for k, v in cost_summary(self.dense, self.pruned).items() if k.endswith("reduction")},
@@ -158,6 +159,11 @@ class Plan:
             f"measured: started from the knapsack plan, improved with {evaluations} joint evaluations (all groups "
             "pruned at once, BatchNorm re-estimated); predicted loss = the loss measured for this plan"
         )
+
+
+def _finite(value: float) -> float | None:
+    """``value`` for JSON, None when it is not a finite number (a loss beyond the measured ratios)."""
+    return value if math.isfinite(value) else None
 
 
 def build_plan(
@@ -365,6 +371,13 @@ class Planner:
             loss, saved, name = min(candidates)  # the member whose ranking is predicted to hurt least
             choices.append(Choice(count, round(count / channels, 6), name, 0.0 if count == 0 else loss, saved))
         return GroupOptions([p.name for p in members], channels, choices)
+
+    def member_loss(self, sensitivities: Mapping[str, Mapping[float, float]], name: str, count: int) -> float:
+        """The planning curve of param ``name`` at ``count`` channels (NaN beyond its largest measured count)."""
+        param = self.by_name[name]
+        measured = sensitivities.get(name, {}).items()
+        points = monotone_curve([(param_count(param, r, self.round_to), loss) for r, loss in measured])
+        return interpolate(points, count) if count <= points[-1][0] else float("nan")
 
     def joint_cost(self, removals: Sequence[tuple[str, Sequence[int]]]) -> Cost:
         """The exact cost with every ``(param, channels)`` removal applied at once."""

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from analysis.batchnorm import recalibrate_copy
-from analysis.config import Config, config_from_data, load_config
+from analysis.config import PLAN_METHODS, Config, config_from_data, load_config
 from analysis.errors import AnalysisFileError, ConfigError
 from analysis.evaluate import evaluate
 from analysis.export import export_pruned
@@ -20,6 +22,7 @@ from analysis.flops import format_count
 from analysis.job import Inputs, build_inputs, needs_calibration, run_job
 from analysis.lock import exclusive
 from analysis.logs import setup_logging
+from analysis.measured import Scoring, SearchSettings, build_measured_plan
 from analysis.physical import jointly_pruned_copy
 from analysis.plan import Plan, build_plan, plan_from_ratios
 from analysis.ratios import load_ratios_yaml, save_ratios_yaml
@@ -79,11 +82,19 @@ def run_plan_step(
     target = budget(config)
     if ratios_file is None and target is not None:
         measure, value = target
-        plan = build_plan(model, example, analysis_file, value, measure)
+        if s.plan_method == "measured":
+            search = SearchSettings(evaluations=s.eval_budget, seed=config.Global.seed)
+            plan = build_measured_plan(
+                model, example, analysis_file, value, _scoring(inputs, config.Global.seed), measure, search, progress
+            )
+            how = f"the best measured plan (loss {plan.predicted_loss:.4f} measured with all groups pruned at once)"
+        else:
+            plan = build_plan(model, example, analysis_file, value, measure)
+            how = f"the smallest summed predicted loss ({plan.predicted_loss:.4f})"
         source = plan_path(analysis_file)
         note = (
-            f"Budget plan: {measure} reduced by >= {value:g} (exactly {plan.reduction:.4f}) with the smallest "
-            f"summed predicted loss ({plan.predicted_loss:.4f}); coupled params share their group's ratio."
+            f"Budget plan: {measure} reduced by >= {value:g} (exactly {plan.reduction:.4f}) with {how}; coupled "
+            "params share their group's ratio."
         )
         save_ratios_yaml(source, plan.ratios, list(plan.ratios), plan.settings["criterion"], note=note)
         result = PlanResult(plan, source)
@@ -119,6 +130,16 @@ def run_plan_step(
         result.exported["ratios"] = Path(s.export_dir) / EXPORTED_YAML
     _record(analysis_file, result)
     return result
+
+
+def _scoring(inputs: Inputs, seed: int) -> Scoring:
+    """The measured method scores plans on the evaluation data, re-estimating BatchNorm on the calibration images."""
+
+    def score(model: torch.nn.Module) -> dict[str, float]:
+        return evaluate(model, inputs.loader, progress=False).metrics()
+
+    calibration = inputs.calibration.loader if inputs.calibration is not None else None
+    return Scoring(score, inputs.loader.fingerprint(), calibration, seed)
 
 
 def _batchnorm_note(layers: list[str], calibration: dict[str, Any]) -> dict[str, Any]:
@@ -159,11 +180,21 @@ def format_plan(result: PlanResult) -> str:
         lines.append(f"  {group.members[0]:<{width}}  ratio {group.ratio:.4f}  {len(group.removed):>4}/"
                      f"{group.channels:<4} channels  predicted loss {group.predicted_loss:+.4f}{coupled}")  # fmt: skip
     dense, pruned = plan.dense, plan.pruned
-    lines.append(
-        f"predicted loss (sum of single-layer losses): {plan.predicted_loss:+.4f}"
-        + (f" (at most {max(0.0, plan.predicted_loss - plan.lower_bound):.4f} above the optimum)"
-           if plan.source == "budget" else "")
-    )  # fmt: skip
+    if plan.method == "measured" and plan.search is not None:
+        search = plan.search
+        lines.append(
+            f"predicted loss (measured by the search, all groups pruned at once): {plan.predicted_loss:+.4f}; "
+            f"{search['evaluations']} evaluations ({search['reused_from_sidecar']} taken from the sidecar), "
+            f"{search['accepted_trades']} trades kept"
+        )
+        finalists = ", ".join(f"{f['name']} {f['top1']:.4f}" for f in search["finalists"])
+        lines.append(f"finalists (top1, every calibration image): {finalists}; chosen: {search['chosen']}")
+    else:
+        lines.append(
+            f"predicted loss (sum of single-layer losses): {plan.predicted_loss:+.4f}"
+            + (f" (at most {max(0.0, plan.predicted_loss - plan.lower_bound):.4f} above the optimum)"
+               if plan.source == "budget" else "")
+        )  # fmt: skip
     lines.append(f"MACs {format_count(dense.macs)} -> {format_count(pruned.macs)} "
                  f"(-{1 - pruned.macs / dense.macs:.1%}), params {format_count(dense.params)} -> "
                  f"{format_count(pruned.params)} (-{1 - pruned.params / dense.params:.1%})")  # fmt: skip
@@ -215,6 +246,9 @@ def build_plan_parser() -> argparse.ArgumentParser:
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--target_macs_reduction", type=float, help="e.g. 0.4 for 40%% fewer MACs")
     target.add_argument("--target_params_reduction", type=float, help="e.g. 0.4 for 40%% fewer params")
+    parser.add_argument("--method", choices=PLAN_METHODS, help="knapsack (from the sensitivity curves, default) or "
+                        "measured (improved with joint evaluations, BatchNorm re-estimated)")  # fmt: skip
+    parser.add_argument("--eval_budget", type=int, help="joint evaluations of the measured method (default 60)")
     _add_common(parser)
     return parser
 
@@ -251,6 +285,8 @@ def plan_main(argv: Sequence[str]) -> int:
         "SensitivityAnalysis.target_params_reduction": args.target_params_reduction,
         "SensitivityAnalysis.verify": True if args.verify else None,
         "SensitivityAnalysis.export_dir": args.export_dir,
+        "SensitivityAnalysis.plan_method": args.method,
+        "SensitivityAnalysis.eval_budget": args.eval_budget,
     }
     config = load_config(args.config_path, args.overrides, flags)
     if budget(config) is None:
