@@ -27,7 +27,7 @@ import logging
 import math
 import random
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -452,15 +452,29 @@ class Scoring:
     Attributes:
         evaluate: Metrics (``top1``, ``top5``, ``ce``) of a model on the scoring images (the evaluation data).
         data_fingerprint: Identifies those images and their preprocessing (evaluations are reused only on them).
-        calibration: Calibration batches (an :class:`~analysis.data.EvalLoader`); None keeps the dense model's
-            BatchNorm statistics.
-        seed: Seed of the calibration subset the search setting uses.
+        calibration: Calibration batches of the finalists; None keeps the dense model's BatchNorm statistics.
+        search_calibration: Calibration batches of the search (a subset of ``calibration``).
+        calibration_fingerprint: Identifies both calibration sets (evaluations are reused only with them).
     """
 
     evaluate: Callable[[nn.Module], Mapping[str, float]]
     data_fingerprint: str | None
-    calibration: EvalLoader | None
-    seed: int = 0
+    calibration: Iterable[Any] | None = None
+    search_calibration: Iterable[Any] | None = None
+    calibration_fingerprint: str | None = None
+
+    @classmethod
+    def from_loaders(
+        cls, evaluate: Callable[[nn.Module], Mapping[str, float]], data: EvalLoader, calibration: EvalLoader | None,
+        search_images: int, seed: int,
+    ) -> Scoring:  # fmt: skip
+        """Score on ``data``; the search re-estimates on a seeded class-balanced subset of ``search_images`` of the
+        calibration images, the finalists on all of them."""
+        if calibration is None:
+            return cls(evaluate, data.fingerprint())
+        subset = calibration.subset(search_images, seed)
+        fingerprint = json_fingerprint({"all": calibration.fingerprint(), "search": subset.fingerprint()})
+        return cls(evaluate, data.fingerprint(), calibration, subset, fingerprint)
 
 
 def build_measured_plan(
@@ -493,15 +507,12 @@ def build_measured_plan(
         knapsack = planner.allocate(options, target)
         starts = start_plans(planner, options, sensitivities, sidecar, lambda opts: planner.allocate(opts, target))
         physical = any(info.get("mode") == "physical" for info in (sidecar.get("params") or {}).values())
-        calibration = scoring.calibration
-        subset = calibration.subset(settings.calibration_images, scoring.seed) if calibration is not None else None
-        search = JointEvaluator(planner, scoring.evaluate, subset, physical)
-        full = JointEvaluator(planner, scoring.evaluate, calibration, physical)
+        search = JointEvaluator(planner, scoring.evaluate, scoring.search_calibration, physical)
+        full = JointEvaluator(planner, scoring.evaluate, scoring.calibration, physical)
         key = {
             "model": (sidecar.get("fingerprint") or {}).get("model"),
             "data": scoring.data_fingerprint,
-            "calibration": None if calibration is None else calibration.fingerprint(),
-            "search_calibration": None if subset is None else subset.fingerprint(),
+            "calibration": scoring.calibration_fingerprint,
             "ranking": {k: planner.settings.get(k) for k in ("criterion", "group_reduction", "round_to")},
             "physical": physical,
             "measure": measure,

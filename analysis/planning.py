@@ -85,7 +85,14 @@ def run_plan_step(
         if s.plan_method == "measured":
             search = SearchSettings(evaluations=s.eval_budget, seed=config.Global.seed)
             plan = build_measured_plan(
-                model, example, analysis_file, value, _scoring(inputs, config.Global.seed), measure, search, progress
+                model,
+                example,
+                analysis_file,
+                value,
+                _scoring(inputs, search, config.Global.seed),
+                measure,
+                search,
+                progress,
             )
             how = f"the best measured plan (loss {plan.predicted_loss:.4f} measured with all groups pruned at once)"
         else:
@@ -132,14 +139,14 @@ def run_plan_step(
     return result
 
 
-def _scoring(inputs: Inputs, seed: int) -> Scoring:
+def _scoring(inputs: Inputs, search: SearchSettings, seed: int) -> Scoring:
     """The measured method scores plans on the evaluation data, re-estimating BatchNorm on the calibration images."""
 
     def score(model: torch.nn.Module) -> dict[str, float]:
         return evaluate(model, inputs.loader, progress=False).metrics()
 
     calibration = inputs.calibration.loader if inputs.calibration is not None else None
-    return Scoring(score, inputs.loader.fingerprint(), calibration, seed)
+    return Scoring.from_loaders(score, inputs.loader, calibration, search.calibration_images, seed)
 
 
 def _batchnorm_note(layers: list[str], calibration: dict[str, Any]) -> dict[str, Any]:
@@ -214,6 +221,8 @@ def format_plan(result: PlanResult) -> str:
         recalibrated = verification.recalibrated
         if recalibrated is None:
             lines.append("  BatchNorm re-estimated: not measured (no calibration images; see Global.calib_list)")
+        elif not recalibrated.layers:
+            lines.append("  BatchNorm re-estimated: the same model (no BatchNorm layer follows a layer the plan changes)")
         else:
             again = verification.losses(reestimated=True)
             lines.append(

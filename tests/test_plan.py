@@ -92,6 +92,11 @@ def test_demo_plan_verified_and_exported(
     verification = plan["verification"]
     assert 1 - verification["macs"]["pruned"] / verification["macs"]["dense"] >= 0.4
     assert "measured loss" in result.out and "predicted" in result.out
+    # both numbers: the raw pruned model, and with its BatchNorm statistics re-estimated on the training images
+    assert "raw (dense BatchNorm statistics)" in result.out and "BatchNorm re-estimated (" in result.out
+    reestimated = verification["reestimated"]
+    assert reestimated["calibration_images"] == 1024 and reestimated["batchnorm_layers"]
+    assert reestimated["metrics"]["top1"] > verification["pruned"]["top1"] + 0.3  # stale statistics cost the most
 
     config = load_config(config_path, overrides).Global
     loader = build_eval_loader(config, torch.device("cpu"))

@@ -1,0 +1,177 @@
+"""The measured plan method: it meets the budget exactly, never measures below the knapsack plan, resumes without
+repeating evaluations, and runs from the command line with its evaluations kept in the sidecar."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from test_adaptive_bn import calibration_batches, write_train_list
+
+from analysis import analysis_prune
+from analysis.evaluate import evaluate
+from analysis.flops import count_cost
+from analysis.measured import Scoring, SearchSettings, build_measured_plan
+from analysis.physical import jointly_pruned_copy
+from analysis.plan import build_plan
+from analysis.results import load_sidecar
+from analysis.verify import measure_pruned
+
+import tiny_models
+from conftest import TINY_MODELS, CliResult, tiny_global, write_config
+from test_engine import batches, pseudo_labelled, randomize
+
+RATIOS = (0.25, 0.5, 0.75)
+SETTINGS = SearchSettings(evaluations=14, calibration_images=8)
+
+
+class Counted:
+    """An evaluation function that counts its calls and can be told to fail (like a kill) at one of them."""
+
+    def __init__(self, data: list, fail_at: int | None = None) -> None:
+        self.data, self.fail_at, self.calls = data, fail_at, 0
+
+    def __call__(self, model: torch.nn.Module) -> dict[str, float]:
+        self.calls += 1
+        if self.fail_at is not None and self.calls == self.fail_at:
+            raise KeyboardInterrupt
+        return evaluate(model, self.data).metrics()
+
+
+def setup(tmp_path: Path) -> tuple[torch.nn.Module, list, list, Path]:
+    model = randomize(tiny_models.tiny_resnet())
+    data = pseudo_labelled(model, batches(count=3))
+    path = tmp_path / "s.pkl"
+    analysis_prune(model, data, path, pruned_ratios=RATIOS, progress=False)
+    return model, data, calibration_batches(count=2), path
+
+
+def scoring(evaluate_model: Callable, calibration: list) -> Scoring:
+    return Scoring(evaluate_model, "data", calibration, calibration[:1], "calibration")
+
+
+@pytest.mark.parametrize("target", [0.3, 0.5])
+def test_measured_plan_meets_the_budget_and_never_measures_below_the_knapsack_plan(
+    target: float, tmp_path: Path
+) -> None:
+    model, data, calibration, path = setup(tmp_path)
+    example = data[0][0]
+    plan = build_measured_plan(model, example, path, target, scoring(Counted(data), calibration), settings=SETTINGS,
+                               progress=False)  # fmt: skip
+    pruned = count_cost(jointly_pruned_copy(model, plan.removals(), example), example)
+    assert 1 - pruned.macs / plan.dense.macs >= target  # the exact joint cost meets the budget
+    assert (pruned.macs, pruned.params) == (plan.pruned.macs, plan.pruned.params)
+    search = plan.search
+    assert search is not None and search["evaluations"] == SETTINGS.evaluations
+    finalists = {f["name"]: f for f in search["finalists"]}
+    chosen, knapsack = finalists[search["chosen"]], search["knapsack"]
+    assert (chosen["top1"], -chosen["ce"]) >= (knapsack["top1"], -knapsack["ce"])
+    assert len(finalists) >= 2
+
+    # the predicted loss is the measurement: verification of the physically pruned, re-estimated copy agrees
+    baseline = evaluate(model, data).top1
+    _, _, recalibrated = measure_pruned(model, plan.removals(), lambda m: evaluate(m, data).metrics(), example,
+                                        _calibration_set(calibration))  # fmt: skip
+    assert recalibrated is not None
+    measured = (baseline - recalibrated.metrics["top1"]) / baseline
+    assert plan.predicted_loss == pytest.approx(measured, abs=1.5 / 24 / baseline)  # within one of the 24 images
+    knapsack_plan = build_plan(model, example, path, target)
+    assert 1 - knapsack_plan.pruned.macs / knapsack_plan.dense.macs >= target
+
+
+def test_a_killed_search_resumes_without_repeating_evaluations(tmp_path: Path) -> None:
+    model, data, calibration, path = setup(tmp_path)
+    example = data[0][0]
+    copy_dir = tmp_path / "copy"
+    copy_dir.mkdir()
+    for name in ("s.pkl", "s.pkl.json"):
+        shutil.copy(tmp_path / name, copy_dir / name)
+
+    uninterrupted = Counted(data)
+    reference = build_measured_plan(model, example, copy_dir / "s.pkl", 0.4, scoring(uninterrupted, calibration),
+                                    settings=SETTINGS, progress=False)  # fmt: skip
+
+    killed = Counted(data, fail_at=9)
+    with pytest.raises(KeyboardInterrupt):
+        build_measured_plan(model, example, path, 0.4, scoring(killed, calibration), settings=SETTINGS, progress=False)
+    stored = load_sidecar(path)["plan_search"]
+    assert sum(len(entry["evaluations"]) for entry in stored.values()) == 8  # each finished evaluation was saved
+    assert not (tmp_path / "s.pkl.lock").exists()
+
+    resumed = Counted(data)
+    plan = build_measured_plan(model, example, path, 0.4, scoring(resumed, calibration), settings=SETTINGS,
+                               progress=False)  # fmt: skip
+    assert resumed.calls == uninterrupted.calls - 8  # nothing measured twice
+    assert plan.removals() == reference.removals() and plan.predicted_loss == reference.predicted_loss
+    assert plan.search is not None and plan.search["reused_from_sidecar"] >= 8
+
+    again = Counted(data)
+    build_measured_plan(model, example, path, 0.4, scoring(again, calibration), settings=SETTINGS, progress=False)
+    assert again.calls == 0  # a finished search is answered from the sidecar alone
+
+
+def test_evaluations_are_not_reused_with_other_calibration_images(tmp_path: Path) -> None:
+    model, data, calibration, path = setup(tmp_path)
+    first = Counted(data)
+    build_measured_plan(model, data[0][0], path, 0.4, scoring(first, calibration), settings=SETTINGS, progress=False)
+    other = Counted(data)
+    changed = Scoring(other, "data", calibration[1:], calibration[1:], "other calibration")
+    build_measured_plan(model, data[0][0], path, 0.4, changed, settings=SETTINGS, progress=False)
+    logs = load_sidecar(path)["plan_search"]
+    assert len(logs) == 2  # one log per calibration set: nothing measured with the first images was reused
+    assert sorted(len(log["evaluations"]) for log in logs.values()) == sorted([first.calls, other.calls])
+
+
+def _calibration_set(calibration: list) -> object:
+    """A stand-in for :class:`analysis.calibration.CalibrationSet` around in-memory batches."""
+
+    class InMemory:
+        loader = calibration
+
+        @staticmethod
+        def as_dict() -> dict[str, str]:
+            return {"source": "in memory"}
+
+    return InMemory()
+
+
+def test_plan_cli_measured_method_verifies_both_numbers(
+    cli: Callable[..., CliResult], tmp_path: Path, list_data: Path
+) -> None:
+    write_train_list(list_data, 24)
+    config = write_config(tmp_path / "c.yaml", {
+        "Global": tiny_global(list_data, arch=f"{TINY_MODELS}:tiny_resnet"),
+        "SensitivityAnalysis": {"analysis_file": str(tmp_path / "s.pkl"), "pruned_ratios": list(RATIOS)},
+    })  # fmt: skip
+    result = cli("plan", "--config_path", config, "--target_macs_reduction", "0.3", "--method", "measured",
+                 "--eval_budget", "10", "--verify", "--export_dir", tmp_path / "export", "--no_report")  # fmt: skip
+    assert result.code == 0, result.err
+    plan = load_sidecar(tmp_path / "s.pkl")["plan"]
+    assert plan["method"] == "measured" and plan["search"]["evaluations"] == 10
+    assert "finalists" in result.out and "BatchNorm re-estimated" in result.out and "raw" in result.out
+    verification = plan["verification"]
+    assert verification["reestimated"]["calibration_images"] == 24
+    baseline, verified = verification["baseline"]["top1"], verification["reestimated"]["metrics"]["top1"]
+    assert (baseline - verified) / baseline == pytest.approx(plan["predicted_loss"], abs=1.5 / 20 / baseline)
+    exported = yaml.safe_load((tmp_path / "export" / "channel_prune.yaml").read_text())["ChannelPrune"]
+    assert exported["prune_params_name"]
+    described = (tmp_path / "export" / "pruned_channels.json").read_text()
+    assert '"reestimated": true' in described
+
+
+def test_verify_without_calibration_images_reports_the_raw_numbers_and_why(
+    cli: Callable[..., CliResult], tmp_path: Path, list_data: Path
+) -> None:
+    config = write_config(tmp_path / "c.yaml", {
+        "Global": tiny_global(list_data),
+        "SensitivityAnalysis": {"analysis_file": str(tmp_path / "s.pkl"), "pruned_ratios": list(RATIOS)},
+    })  # fmt: skip
+    result = cli("plan", "--config_path", config, "--target_macs_reduction", "0.3", "--verify", "--no_report")
+    assert result.code == 0, result.err
+    assert "not measured (no calibration images" in result.out
+    verification = load_sidecar(tmp_path / "s.pkl")["plan"]["verification"]
+    assert verification["reestimated"] is None and "top1" in verification["pruned"]
