@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -157,6 +157,10 @@ def _first_sample(model: nn.Module, example_input: torch.Tensor) -> torch.Tensor
     return sample.to(param.device) if param is not None else sample
 
 
+Removed = dict[tuple[Any, bool], frozenset[int]]
+"""Channels a removal takes from each layer: ``(module, output side?) -> channel indices``."""
+
+
 class CostModel:
     """MACs and params of pruned variants of one model (``"macs"`` convention), without copying the model.
 
@@ -173,6 +177,7 @@ class CostModel:
         self._owned = {id(m) for m in model.modules()} | {id(p) for p in model.parameters()}
         self._positions = layer_positions(model, example_input)
         self.dense = _macs_cost(model, self._positions)
+        self._weight_names = {id(model.get_submodule(name).weight): name for name in self.dense.per_module}
 
     def variant(self, graph: tp.DependencyGraph, conv: nn.Module | str, channels: Sequence[int]) -> Cost:
         """The cost after removing ``channels`` of ``conv``'s outputs and everything coupled to them.
@@ -193,24 +198,43 @@ class CostModel:
             ValueError: When the group belongs to another model, or a grouped conv would lose input channels
                 unevenly across its conv groups.
         """
+        return self.removed_cost(graph, self.removed_channels(graph, group))
+
+    def removed_channels(self, graph: tp.DependencyGraph, group: Any) -> Removed:
+        """What a removal ``group`` takes from each layer: ``(module, output side?) -> channel indices``. Several
+        groups pruned together take the union (:func:`merge_removed`), whose cost :meth:`removed_cost` gives."""
         removed: dict[tuple[Any, bool], set[int]] = defaultdict(set)
         for item in group:
             module = item.dep.target.module
             if id(module) not in self._owned and _has_parameters(module):
                 raise ValueError("the removal group was built on a different model than this CostModel's")
             removed[(module, is_out_channel_item(graph, item))].update(int(i) for i in item.idxs)
+        return {key: frozenset(channels) for key, channels in removed.items()}
+
+    def removed_cost(self, graph: tp.DependencyGraph, removed: Removed) -> Cost:
+        """The cost after removing ``removed`` (see :meth:`removed_channels`)."""
         shapes: dict[int, tuple[torch.Tensor, list[int]]] = {}  # id(parameter) -> (parameter, shape after)
+        empty: frozenset[int] = frozenset()
         for module in dict.fromkeys(module for module, _ in removed):
-            out_idxs, in_idxs = removed.get((module, True), set()), removed.get((module, False), set())
-            for tensor, shape in _pruned_shapes(graph, module, out_idxs, in_idxs):
+            out_idxs, in_idxs = removed.get((module, True), empty), removed.get((module, False), empty)
+            for tensor, shape in _pruned_shapes(graph, module, set(out_idxs), set(in_idxs)):
                 shapes[id(tensor)] = (tensor, shape)
         params = self.dense.params - sum(t.numel() - math.prod(shape) for t, shape in shapes.values())
         per_module = dict(self.dense.per_module)
-        for name in per_module:
-            weight = self.model.get_submodule(name).weight
-            if id(weight) in shapes:
-                per_module[name] = self._positions[name] * math.prod(shapes[id(weight)][1])
+        for weight_id, (_, shape) in shapes.items():
+            name = self._weight_names.get(weight_id)
+            if name is not None:
+                per_module[name] = self._positions[name] * math.prod(shape)
         return Cost(sum(per_module.values()), params, "macs", per_module)
+
+
+def merge_removed(parts: Iterable[Removed]) -> Removed:
+    """The channels several removals take together (the union per layer and side)."""
+    merged: dict[tuple[Any, bool], frozenset[int]] = {}
+    for part in parts:
+        for key, channels in part.items():
+            merged[key] = merged[key] | channels if key in merged else channels
+    return merged
 
 
 def _pruned_shapes(

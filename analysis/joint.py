@@ -77,8 +77,7 @@ class JointEvaluator:
 
     def cost(self, selection: Selection) -> Cost:
         """The exact cost of the model with every group of ``selection`` pruned at once."""
-        items = [item for pick in selection.values() if pick[1] for item in self._group(pick)]
-        return self.planner.costs.group_cost(self.planner.graph, items)
+        return self.planner.picks_cost(selection.values())
 
     def score(self, selection: Selection) -> JointScore:
         """Evaluate the model with every group of ``selection`` pruned at once (BatchNorm re-estimated)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -27,7 +27,7 @@ from analysis.curves import interpolate, monotone_curve
 from analysis.engine import EngineSettings, channel_scores
 from analysis.errors import AnalysisFileError, UserError, did_you_mean
 from analysis.fingerprint import model_fingerprint
-from analysis.flops import Cost, CostModel, cost_summary
+from analysis.flops import Cost, CostModel, Removed, cost_summary, merge_removed
 from analysis.groups import (
     PrunableParam,
     build_dependency_graph,
@@ -315,7 +315,7 @@ class Planner:
         self.round_to = int(settings.get("round_to", 1))
         self._scores: dict[str, torch.Tensor] = {}
         self._removed: dict[tuple[str, int], list[int]] = {}
-        self._saved: dict[tuple[str, int], float] = {}
+        self._removed_channels: dict[tuple[str, int], Removed] = {}
 
     def removed(self, name: str, count: int) -> list[int]:
         """The channels ``name``'s ranking removes at ``count`` (the analysis engine's choice)."""
@@ -329,12 +329,7 @@ class Planner:
 
     def saved_alone(self, name: str, count: int) -> float:
         """What removing ``count`` of ``name``'s channels (with its group) saves on its own."""
-        key = (name, count)
-        if key not in self._saved:
-            cost = self.costs.variant(self.graph, self.by_name[name].module_name, self.removed(name, count))
-            dense = self.costs.dense
-            self._saved[key] = float(dense.macs - cost.macs if self.measure == "macs" else dense.params - cost.params)
-        return self._saved[key]
+        return self.saved(self.picks_cost([(name, count)]))
 
     def options(self, sensitivities: Mapping[str, Mapping[float, float]]) -> list[GroupOptions]:
         """One :class:`GroupOptions` per group of coupled params that has measured losses."""
@@ -387,9 +382,24 @@ class Planner:
 
     def joint_saved(self, selection: Mapping[str, Choice]) -> float:
         """The exact saving when every selected group is pruned at once."""
-        cost = self.joint_cost([(c.param, self.removed(c.param, c.count)) for c in selection.values() if c.count])
+        return self.saved(self.picks_cost((c.param, c.count) for c in selection.values()))
+
+    def saved(self, cost: Cost) -> float:
+        """What ``cost`` saves against the dense model, in :attr:`measure`."""
         dense = self.costs.dense
         return float(dense.macs - cost.macs if self.measure == "macs" else dense.params - cost.params)
+
+    def picks_cost(self, picks: Iterable[tuple[str, int]]) -> Cost:
+        """The exact cost with every ``(ranking param, channel count)`` pick pruned at once (cached per pick)."""
+        return self.costs.removed_cost(self.graph, merge_removed(self._pick_removed(p) for p in picks if p[1]))
+
+    def _pick_removed(self, pick: tuple[str, int]) -> Removed:
+        if pick not in self._removed_channels:
+            param, count = pick
+            conv = self.model.get_submodule(self.by_name[param].module_name)
+            group = removal_group(self.graph, conv, self.removed(param, count))
+            self._removed_channels[pick] = self.costs.removed_channels(self.graph, group)
+        return self._removed_channels[pick]
 
     def allocate(self, options: Sequence[GroupOptions], target: float) -> Allocation:
         """The knapsack allocation reaching ``target`` (a reduction fraction of :attr:`measure`).

@@ -222,7 +222,9 @@ def format_plan(result: PlanResult) -> str:
         if recalibrated is None:
             lines.append("  BatchNorm re-estimated: not measured (no calibration images; see Global.calib_list)")
         elif not recalibrated.layers:
-            lines.append("  BatchNorm re-estimated: the same model (no BatchNorm layer follows a layer the plan changes)")
+            lines.append(
+                "  BatchNorm re-estimated: the same model (no BatchNorm layer follows a layer the plan changes)"
+            )
         else:
             again = verification.losses(reestimated=True)
             lines.append(

@@ -327,21 +327,19 @@ def _knapsack(options: Sequence[GroupOptions], goal: float, unit: float) -> tupl
     states = max(1, math.ceil(goal / unit - 1e-9))
     best = np.full(states + 1, np.inf)
     best[0] = 0.0
+    positions = np.arange(states + 1)
     picks: list[tuple[np.ndarray, np.ndarray]] = []  # per group: the choice index and previous state of each state
     for group in options:
-        new, pick, previous = np.full(states + 1, np.inf), np.zeros(states + 1, int), np.zeros(states + 1, int)
-        for index, choice in enumerate(group.choices):
-            shift = min(states, max(0, math.ceil(choice.saved / unit - 1e-9)))
-            candidate = np.full(states + 1, np.inf)
-            source = np.arange(states + 1) - shift
-            candidate[shift:] = best[: states + 1 - shift] + choice.loss
-            tail = int(np.argmin(best[states - shift :])) + states - shift  # every state >= goal ends in the last
-            candidate[states] = best[tail] + choice.loss
-            source[states] = tail
-            better = candidate < new
-            new[better], pick[better], previous[better] = candidate[better], index, source[better]
-        best = new
-        picks.append((pick, previous))
+        losses = np.array([choice.loss for choice in group.choices], dtype=float)
+        shifts = np.array([min(states, max(0, math.ceil(c.saved / unit - 1e-9))) for c in group.choices], dtype=int)
+        source = positions[None, :] - shifts[:, None]  # choices x states: the state each choice comes from
+        candidate = np.where(source >= 0, best[np.clip(source, 0, states)], np.inf) + losses[:, None]
+        tail_value, tail_state = _suffix_min(best)  # every state >= goal ends in the last one
+        candidate[:, states] = tail_value[states - shifts] + losses
+        source[:, states] = tail_state[states - shifts]
+        choice = np.argmin(candidate, axis=0)  # ties: the first choice, as a strict "better" scan would keep
+        best = candidate[choice, positions]
+        picks.append((choice, source[choice, positions]))
     if not np.isfinite(best[states]):
         return None, math.inf
     chosen: dict[str, Choice] = {}
@@ -350,6 +348,14 @@ def _knapsack(options: Sequence[GroupOptions], goal: float, unit: float) -> tupl
         chosen[group.key] = group.choices[int(pick[state])]
         state = int(previous[state])
     return {group.key: chosen[group.key] for group in options}, float(best[states])
+
+
+def _suffix_min(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For every position t: the smallest of ``values[t:]`` and its first position."""
+    reverse = values[::-1]
+    running = np.minimum.accumulate(reverse)
+    last = np.maximum.accumulate(np.where(reverse == running, np.arange(len(values)), 0))
+    return running[::-1], (len(values) - 1 - last)[::-1]
 
 
 def _improve(
