@@ -114,7 +114,7 @@ class SensitivityConfig:
     target_macs_reduction: float | None = None
     target_params_reduction: float | None = None
     plan_method: str = "knapsack"
-    eval_budget: int = 60
+    eval_budget: int | None = None
     verify: bool = False
     export_dir: str | None = None
     report: bool = True
@@ -273,7 +273,7 @@ def validate_budget(s: SensitivityConfig) -> None:
         if not (0.0 < value < 1.0 and math.isfinite(value)):
             raise ConfigError(f"SensitivityAnalysis.{key} must be between 0 and 1 (0.4 = 40% fewer), got {value}.")
     check_choice("SensitivityAnalysis.plan_method", s.plan_method, PLAN_METHODS)
-    if s.eval_budget < 1:
+    if s.eval_budget is not None and s.eval_budget < 1:
         raise ConfigError(
             f"SensitivityAnalysis.eval_budget must be a positive number of evaluations, got {s.eval_budget}."
         )

@@ -23,9 +23,9 @@ sidecar: a resumed search evaluates only what is missing and ends with the same 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-import random
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,7 +45,9 @@ from analysis.joint import JointEvaluator, JointScore, Pick
 from analysis.lock import exclusive
 from analysis.plan import Plan, open_planner
 from analysis.ratios import Choice, GroupOptions
-from analysis.results import load_sensitivities, load_sidecar, save_sidecar
+from analysis.results import load_sensitivities, load_sidecar
+from analysis.search_log import SearchLog
+from analysis.trades import TradePicker
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +67,7 @@ START_CURVES: tuple[tuple[str, float | None], ...] = (
 )
 BLEND_CE_WEIGHT = 0.8  # blend = (1 - w) * relative top1 loss + w * relative CE increase / 10
 IMPROVEMENT = 1e-4  # a trade must lower the search's cross-entropy by more than this to be kept
+EVALUATIONS_PER_GROUP = 10  # the default budget
 
 
 @dataclass(frozen=True)
@@ -72,23 +75,28 @@ class SearchSettings:
     """How much the measured method measures.
 
     Attributes:
-        evaluations: Joint evaluations in the search setting (starts and trades).
+        evaluations: Joint evaluations in the search setting (starts and trades); None: ``EVALUATIONS_PER_GROUP``
+            per analysed group.
         seed: Seed of the trade sequence.
         calibration_images: Calibration images per search evaluation (a seeded class-balanced subset of the
             calibration set); finalists use every calibration image.
         step: First trade size, as a fraction of a group's channels.
         min_step: Smallest trade size before it starts over at ``step``.
         patience: Failed trades per group before the step halves.
-        finalists: Plans measured again with every calibration image (the knapsack plan is always one of them).
+        finalists_by_ce: Plans after the search's own, best by the search's cross-entropy, measured again with every
+            calibration image.
+        finalists_by_top1: Plans best by the search's top1 (cross-entropy breaks ties), measured again too (the best
+            start and the knapsack plan always are).
     """
 
-    evaluations: int = 60
+    evaluations: int | None = None
     seed: int = 0
     calibration_images: int = 256
     step: float = 1 / 16
     min_step: float = 1 / 64
     patience: int = 2
-    finalists: int = 4
+    finalists_by_ce: int = 3
+    finalists_by_top1: int = 2
 
 
 @dataclass
@@ -121,49 +129,6 @@ class SearchResult:
     reused: int
     accepted: int
     summary: dict[str, Any] = field(default_factory=dict)
-
-
-class SearchLog:
-    """Every joint evaluation of measured searches, kept in the sidecar of the analysis file and saved after each.
-
-    Evaluations are keyed by what determines their result (model, data, calibration images, channel ranking, the
-    setting) and by the plan, not by the budget or the target, so searches for other targets reuse them too.
-    """
-
-    SECTION = "plan_search"
-
-    def __init__(self, analysis_file: str | Path, key: Mapping[str, Any]) -> None:
-        self.analysis_file = Path(analysis_file)
-        self.key = json_fingerprint(dict(key))
-        self.sidecar = load_sidecar(self.analysis_file) or {}
-        section = self.sidecar.setdefault(self.SECTION, {})
-        entry = section.setdefault(self.key, {"key": dict(key), "evaluations": []})
-        self.entries = entry["evaluations"]
-        self._index = {self._id(e["setting"], e["picks"]): e for e in self.entries}
-
-    @staticmethod
-    def _id(setting: str, picks: Any) -> tuple[Any, ...]:
-        return (setting, tuple(tuple(p) for p in sorted(picks)))
-
-    @staticmethod
-    def encode(picks: Picks) -> list[list[Any]]:
-        """The JSON form of a plan: ``[group key, ranking param, count]`` of every pruned group, sorted."""
-        return sorted([key, param, count] for key, (param, count) in picks.items() if count)
-
-    def get(self, setting: str, picks: Picks) -> JointScore | None:
-        """The stored measurement of ``picks`` in ``setting``, if any."""
-        entry = self._index.get(self._id(setting, self.encode(picks)))
-        if entry is None:
-            return None
-        return JointScore(dict(entry["metrics"]), entry["macs"], entry["params"], entry["seconds"])
-
-    def add(self, setting: str, picks: Picks, score: JointScore) -> None:
-        """Store a measurement and save the sidecar atomically."""
-        entry = {"setting": setting, "picks": self.encode(picks), "metrics": score.metrics, "macs": score.macs,
-                 "params": score.params, "seconds": round(score.seconds, 3)}  # fmt: skip
-        self.entries.append(entry)
-        self._index[self._id(setting, entry["picks"])] = entry
-        save_sidecar(self.analysis_file, self.sidecar)
 
 
 class MeasuredSearch:
@@ -205,6 +170,7 @@ class MeasuredSearch:
         self.default_param = {
             key: {choice.count: choice.param for choice in group.choices} for key, group in self.options.items()
         }
+        self.evaluations = settings.evaluations or EVALUATIONS_PER_GROUP * len(self.keys)
         self.evaluated = 0  # evaluations in the search setting, including those found in the log
         self.reused = 0
 
@@ -233,35 +199,33 @@ class MeasuredSearch:
     def run(self) -> SearchResult:
         """Measure the starts, trade channels until the budget is spent, and pick among the finalists."""
         disable = not sys.stderr.isatty() if self.progress is None else not self.progress
-        with tqdm(total=self.settings.evaluations, desc="measured plan", unit="eval", disable=disable) as bar:
+        with tqdm(total=self.evaluations, desc="measured plan", unit="eval", disable=disable) as bar:
             starts = self._measure_starts(bar)
             current = max(starts, key=lambda s: s.search_key)
             archive = list(starts)
-            accepted = 0
-            rng = random.Random(self.settings.seed)
-            trades = _Trades(self.settings, len(self.keys))
-            while self.evaluated < self.settings.evaluations and len(self.keys) > 1:
-                first, second = rng.sample(self.keys, 2)
-                more = rng.random() < 0.5
-                if not trades.fresh(first, second, more):
-                    continue
-                picks = self._trade(current.picks, first, second, more, trades.step)
+            picker = TradePicker(self.keys, self.settings.step, self.settings.min_step, self.settings.patience,
+                                 self.settings.seed)  # fmt: skip
+            while self.evaluated < self.evaluations:
+                trade = picker.next()
+                if trade is None:
+                    logger.info("The measured search ends early: no trade between groups is left to try.")
+                    break
+                picks = self._trade(current.picks, *trade, picker.step)
                 if picks is None:
-                    trades.failed()
                     continue
                 candidate = self.measure(f"trade {self.evaluated}", picks)
                 bar.update(1)
                 archive.append(candidate)
-                if candidate.search_key[0] > current.search_key[0] + IMPROVEMENT:
-                    current, accepted = candidate, accepted + 1
-                    trades.succeeded()
+                gain = candidate.search_key[0] - current.search_key[0]
+                accepted = gain > IMPROVEMENT
+                picker.measured(trade, gain, accepted)
+                if accepted:
+                    current = candidate
                     bar.set_postfix(ce=f"{-current.search_key[0]:.4f}", refresh=False)
-                else:
-                    trades.failed()
         finalists = self._finalists(current, starts, archive)
         best = max(finalists, key=lambda s: s.final_key)
         knapsack = next(s for s in finalists if s.name == "knapsack")
-        result = SearchResult(best, knapsack, finalists, self.evaluated, self.reused, accepted)
+        result = SearchResult(best, knapsack, finalists, self.evaluated, self.reused, picker.accepted)
         result.summary = self._summary(result)
         return result
 
@@ -271,7 +235,7 @@ class MeasuredSearch:
         seen: set[tuple[tuple[Any, ...], ...]] = set()
         for name, picks in self.starts.items():
             encoded = tuple(map(tuple, SearchLog.encode(picks)))
-            if encoded in seen or (self.evaluated >= self.settings.evaluations and name != "knapsack"):
+            if encoded in seen or (self.evaluated >= self.evaluations and name != "knapsack"):
                 continue
             seen.add(encoded)
             scored.append(self.measure(name, picks))
@@ -333,15 +297,29 @@ class MeasuredSearch:
         return None
 
     def _finalists(self, current: Scored, starts: Sequence[Scored], archive: Sequence[Scored]) -> list[Scored]:
-        chosen: list[Scored] = []
-        names = {s.name: s for s in starts}
-        ranked = sorted(archive, key=lambda s: s.search_key, reverse=True)
+        """The search's plan, the next best distinct plans by the search's cross-entropy, the best by its top1, the
+        best start and the knapsack plan, measured again with every calibration image."""
+        by_ce = sorted(archive, key=lambda s: s.search_key, reverse=True)
+        by_top1 = sorted(archive, key=lambda s: s.final_key, reverse=True)
+        knapsack = next(s for s in starts if s.name == "knapsack")
         best_start = max(starts, key=lambda s: s.search_key)
-        for candidate in [current, best_start, names["knapsack"], *ranked]:
-            if len(chosen) >= self.settings.finalists and any(c.name == "knapsack" for c in chosen):
-                break
-            if all(SearchLog.encode(c.picks) != SearchLog.encode(candidate.picks) for c in chosen):
-                chosen.append(candidate)
+        chosen: list[Scored] = []
+        seen: set[tuple[tuple[Any, ...], ...]] = set()
+
+        def add(candidates: Sequence[Scored], count: int) -> None:
+            for candidate in candidates:
+                if count == 0:
+                    return
+                encoded = tuple(map(tuple, SearchLog.encode(candidate.picks)))
+                if encoded not in seen:
+                    seen.add(encoded)
+                    chosen.append(candidate)
+                    count -= 1
+
+        add([current], 1)
+        add(by_ce, self.settings.finalists_by_ce)
+        add(by_top1, self.settings.finalists_by_top1)
+        add([best_start, knapsack], 2)
         return [self.measure(s.name, s.picks, setting="full") for s in chosen]
 
     def _summary(self, result: SearchResult) -> dict[str, Any]:
@@ -357,38 +335,8 @@ class MeasuredSearch:
             "finalists": [brief(s) for s in result.finalists],
             "chosen": result.best.name,
             "knapsack": brief(result.knapsack),
-            "settings": {k: getattr(self.settings, k) for k in self.settings.__dataclass_fields__},
+            "settings": {**dataclasses.asdict(self.settings), "evaluations": self.evaluations},
         }
-
-
-class _Trades:
-    """The trade size and the bookkeeping that shrinks it: after ``patience`` failures per group (or once every
-    pair and direction failed at this size) the step halves, down to ``min_step``, then starts over."""
-
-    def __init__(self, settings: SearchSettings, groups: int) -> None:
-        self.settings = settings
-        self.step = settings.step
-        self.limit = settings.patience * groups
-        self.pairs = groups * (groups - 1) * 2
-        self.failures = 0
-        self.tried: set[tuple[str, str, bool]] = set()
-
-    def fresh(self, first: str, second: str, more: bool) -> bool:
-        """Whether this trade was not tried at this size since the last success (and record it)."""
-        if (first, second, more) in self.tried:
-            return False
-        self.tried.add((first, second, more))
-        return True
-
-    def succeeded(self) -> None:
-        self.failures, self.tried = 0, set()
-
-    def failed(self) -> None:
-        self.failures += 1
-        if self.failures >= self.limit or len(self.tried) >= self.pairs:
-            half = self.step / 2
-            self.step = half if half >= self.settings.min_step else self.settings.step
-            self.failures, self.tried = 0, set()
 
 
 def curve_sensitivities(sidecar: Mapping[str, Any], kind: str, cap: float | None) -> dict[str, dict[float, float]]:
@@ -519,6 +467,7 @@ def build_measured_plan(
         }
         log = SearchLog(analysis_file, key)
         result = MeasuredSearch(planner, options, starts, goal, search, full, log, settings, progress).run()
+        log.copy_to_sidecar()
         baseline = sidecar.get("baseline") or {}
         metric = ((sidecar.get("fingerprint") or {}).get("settings") or {}).get("metric", "top1")
         measured = result.best.score.metrics

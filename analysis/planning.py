@@ -259,7 +259,11 @@ def build_plan_parser() -> argparse.ArgumentParser:
     target.add_argument("--target_params_reduction", type=float, help="e.g. 0.4 for 40%% fewer params")
     parser.add_argument("--method", choices=PLAN_METHODS, help="knapsack (from the sensitivity curves, default) or "
                         "measured (improved with joint evaluations, BatchNorm re-estimated)")  # fmt: skip
-    parser.add_argument("--eval_budget", type=int, help="joint evaluations of the measured method (default 60)")
+    parser.add_argument(
+        "--eval_budget",
+        type=int,
+        help="joint evaluations of the measured method's search (default: 10 per group of coupled convs)",
+    )
     _add_common(parser)
     return parser
 

@@ -19,6 +19,7 @@ from analysis.measured import Scoring, SearchSettings, build_measured_plan
 from analysis.physical import jointly_pruned_copy
 from analysis.plan import build_plan
 from analysis.results import load_sidecar
+from analysis.search_log import search_log_path
 from analysis.verify import measure_pruned
 
 import tiny_models
@@ -98,8 +99,10 @@ def test_a_killed_search_resumes_without_repeating_evaluations(tmp_path: Path) -
     killed = Counted(data, fail_at=9)
     with pytest.raises(KeyboardInterrupt):
         build_measured_plan(model, example, path, 0.4, scoring(killed, calibration), settings=SETTINGS, progress=False)
-    stored = load_sidecar(path)["plan_search"]
-    assert sum(len(entry["evaluations"]) for entry in stored.values()) == 8  # each finished evaluation was saved
+    saved = search_log_path(path).read_text().splitlines()
+    assert len(saved) == 8  # each finished evaluation was saved as it finished
+    with search_log_path(path).open("a") as log:
+        log.write('{"key": "cut off by a ki')  # a kill in the middle of a write leaves a partial line
     assert not (tmp_path / "s.pkl.lock").exists()
 
     resumed = Counted(data)
@@ -111,7 +114,9 @@ def test_a_killed_search_resumes_without_repeating_evaluations(tmp_path: Path) -
 
     again = Counted(data)
     build_measured_plan(model, example, path, 0.4, scoring(again, calibration), settings=SETTINGS, progress=False)
-    assert again.calls == 0  # a finished search is answered from the sidecar alone
+    assert again.calls == 0  # a finished search is answered from its log alone
+    kept = load_sidecar(path)["plan_search"]  # and the sidecar keeps every evaluation too
+    assert sum(len(log["evaluations"]) for log in kept.values()) == uninterrupted.calls
 
 
 def test_evaluations_are_not_reused_with_other_calibration_images(tmp_path: Path) -> None:
