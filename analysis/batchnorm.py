@@ -16,7 +16,7 @@ keeps its statistics.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -137,6 +137,30 @@ def reestimated(model: nn.Module, layers: Sequence[BatchNorm], batches: Iterable
         yield reestimate(model, layers, batches)
     finally:
         for layer, state in zip(layers, saved, strict=True):
+            load_buffers(layer, state)
+
+
+@contextmanager
+def estimation_pass(layers: Sequence[BatchNorm]) -> Iterator[Callable[[], None]]:
+    """For callers that run the calibration forward passes themselves (e.g. graph pieces): ``layers`` are reset and
+    put in train mode with cumulative averaging; calling the yielded ``finish()`` puts them back in their own mode
+    with the new statistics; after the block every statistic, momentum and mode is as before, bit-exactly."""
+    saved = [(layer, buffers_of(layer), layer.momentum, layer.training) for layer in layers]
+
+    def finish() -> None:
+        for layer, _, momentum, training in saved:
+            layer.momentum = momentum
+            layer.train(training)
+
+    try:
+        for layer in layers:
+            layer.reset_running_stats()
+            layer.momentum = None
+            layer.train()
+        yield finish
+    finally:
+        finish()
+        for layer, state, _, _ in saved:
             load_buffers(layer, state)
 
 

@@ -201,8 +201,7 @@ class CostModel:
         return self.removed_cost(graph, self.removed_channels(graph, group))
 
     def removed_channels(self, graph: tp.DependencyGraph, group: Any) -> Removed:
-        """What a removal ``group`` takes from each layer: ``(module, output side?) -> channel indices``. Several
-        groups pruned together take the union (:func:`merge_removed`), whose cost :meth:`removed_cost` gives."""
+        """What a removal ``group`` takes from each layer: ``(module, output side?) -> channel indices``."""
         removed: dict[tuple[Any, bool], set[int]] = defaultdict(set)
         for item in group:
             module = item.dep.target.module
@@ -210,6 +209,37 @@ class CostModel:
                 raise ValueError("the removal group was built on a different model than this CostModel's")
             removed[(module, is_out_channel_item(graph, item))].update(int(i) for i in item.idxs)
         return {key: frozenset(channels) for key, channels in removed.items()}
+
+    def shape_delta(self, graph: tp.DependencyGraph, removed: Removed) -> ShapeDelta:
+        """The per-dimension shape change of every parameter ``removed`` touches (see :class:`ShapeDelta`)."""
+        empty: frozenset[int] = frozenset()
+        delta: dict[int, tuple[torch.Tensor, tuple[int, ...]]] = {}
+        for module in dict.fromkeys(module for module, _ in removed):
+            out_idxs, in_idxs = removed.get((module, True), empty), removed.get((module, False), empty)
+            for tensor, shape in _pruned_shapes(graph, module, set(out_idxs), set(in_idxs)):
+                delta[id(tensor)] = (tensor, tuple(a - b for a, b in zip(tensor.shape, shape, strict=True)))
+        return ShapeDelta(delta)
+
+    def delta_cost(self, deltas: Iterable[ShapeDelta]) -> Cost:
+        """The exact cost with several disjoint removals applied together (their :class:`ShapeDelta` summed)."""
+        total: dict[int, tuple[torch.Tensor, list[int]]] = {}
+        for delta in deltas:
+            for key, (tensor, removed) in delta.removed.items():
+                if key in total:
+                    total[key] = (tensor, [a + b for a, b in zip(total[key][1], removed, strict=True)])
+                else:
+                    total[key] = (tensor, list(removed))
+        params = self.dense.params
+        macs = self.dense.macs
+        per_module = dict(self.dense.per_module)
+        for key, (tensor, removed) in total.items():
+            shape = [size - gone for size, gone in zip(tensor.shape, removed, strict=True)]
+            params -= tensor.numel() - math.prod(shape)
+            name = self._weight_names.get(key)
+            if name is not None:
+                per_module[name] = self._positions[name] * math.prod(shape)
+                macs += per_module[name] - self.dense.per_module[name]
+        return Cost(macs, params, "macs", per_module)
 
     def removed_cost(self, graph: tp.DependencyGraph, removed: Removed) -> Cost:
         """The cost after removing ``removed`` (see :meth:`removed_channels`)."""
@@ -228,13 +258,15 @@ class CostModel:
         return Cost(sum(per_module.values()), params, "macs", per_module)
 
 
-def merge_removed(parts: Iterable[Removed]) -> Removed:
-    """The channels several removals take together (the union per layer and side)."""
-    merged: dict[tuple[Any, bool], frozenset[int]] = {}
-    for part in parts:
-        for key, channels in part.items():
-            merged[key] = merged[key] | channels if key in merged else channels
-    return merged
+@dataclass(frozen=True)
+class ShapeDelta:
+    """What one removal takes from each parameter, per dimension (``id(parameter) -> (parameter, removed per dim)``).
+
+    Removals of different groups take disjoint channels, so pruned together their deltas add up dimension by
+    dimension: :meth:`CostModel.delta_cost` then gives the exact joint cost without rebuilding any group.
+    """
+
+    removed: dict[int, tuple[torch.Tensor, tuple[int, ...]]]
 
 
 def _pruned_shapes(

@@ -53,9 +53,8 @@ logger = logging.getLogger(__name__)
 
 Picks = dict[str, Pick]  # group key -> (ranking param, channels removed)
 
-# Starting curves: (kind, ratio cap). ``loss`` is the analysis file's own loss (the knapsack method's plan).
+# Starting views besides the knapsack plan: (kind, ratio cap), solved at a coarser resolution (they are only starts).
 START_CURVES: tuple[tuple[str, float | None], ...] = (
-    ("loss", None),
     ("ce", None),
     ("ce", 0.6),
     ("log_ce", None),
@@ -65,6 +64,7 @@ START_CURVES: tuple[tuple[str, float | None], ...] = (
     ("top1", None),
     ("top1", 0.6),
 )
+START_RESOLUTION = 1000
 BLEND_CE_WEIGHT = 0.8  # blend = (1 - w) * relative top1 loss + w * relative CE increase / 10
 IMPROVEMENT = 1e-4  # a trade must lower the search's cross-entropy by more than this to be kept
 EVALUATIONS_PER_GROUP = 10  # the default budget
@@ -202,6 +202,7 @@ class MeasuredSearch:
         with tqdm(total=self.evaluations, desc="measured plan", unit="eval", disable=disable) as bar:
             starts = self._measure_starts(bar)
             current = max(starts, key=lambda s: s.search_key)
+            self.evaluators["search"].adopt(current.picks)
             archive = list(starts)
             picker = TradePicker(self.keys, self.settings.step, self.settings.min_step, self.settings.patience,
                                  self.settings.seed)  # fmt: skip
@@ -221,6 +222,7 @@ class MeasuredSearch:
                 picker.measured(trade, gain, accepted)
                 if accepted:
                     current = candidate
+                    self.evaluators["search"].adopt(current.picks)
                     bar.set_postfix(ce=f"{-current.search_key[0]:.4f}", refresh=False)
         finalists = self._finalists(current, starts, archive)
         best = max(finalists, key=lambda s: s.final_key)
@@ -359,38 +361,34 @@ def curve_sensitivities(sidecar: Mapping[str, Any], kind: str, cap: float | None
     return curves
 
 
-def start_plans(
+def start_views(
     planner: Any,
-    options: Sequence[GroupOptions],
     sensitivities: Mapping[str, Mapping[float, float]],
     sidecar: Mapping[str, Any],
     allocate: Callable[[Sequence[GroupOptions]], Any],
-) -> dict[str, Picks]:
-    """The starting plans by name, ``knapsack`` (the analysis file's losses) first; views the sidecar cannot give
-    (no per-variant cross-entropy) or that cannot reach the target are left out."""
-    empty = {group.key: (group.key, 0) for group in options}
-    starts: dict[str, Picks] = {}
+) -> dict[str, dict[str, Choice]]:
+    """The knapsack choices of the other views of the measurements (:data:`START_CURVES`), by name; views the
+    sidecar cannot give (no per-variant cross-entropy) or that cannot reach the target are left out."""
+    views: dict[str, dict[str, Choice]] = {}
     for kind, cap in START_CURVES:
-        name = "knapsack" if kind == "loss" else f"{kind}{'' if cap is None else f' (ratios <= {cap:g})'}"
-        view = sensitivities if kind == "loss" else curve_sensitivities(sidecar, kind, cap)
-        if kind != "loss" and not view:
+        view = {name: curve for name, curve in curve_sensitivities(sidecar, kind, cap).items() if name in sensitivities}
+        if not view:
             continue
-        view_options = options if kind == "loss" else planner.options({k: v for k, v in view.items()
-                                                                        if k in sensitivities})  # fmt: skip
         try:
-            allocation = allocate(view_options)
+            allocation = allocate(planner.options(view))
         except UserError:  # this view cannot reach the target (its ratio cap is too low): the other starts remain
-            if kind == "loss":
-                raise
             continue
-        picks = dict(empty)
-        by_member = {member: group.key for group in options for member in group.members}
-        for group in view_options:
-            choice = allocation.choices[group.key]
-            key = by_member[group.key]
-            picks[key] = (choice.param, choice.count) if choice.count else (key, 0)
-        starts[name] = picks
-    return starts
+        views[f"{kind}{'' if cap is None else f' (ratios <= {cap:g})'}"] = allocation.choices
+    return views
+
+
+def _picks(options: Sequence[GroupOptions], choices: Mapping[str, Choice]) -> Picks:
+    """One pick per group of ``options`` from choices keyed by any member of the group (unpruned when absent)."""
+    picks: Picks = {}
+    for group in options:
+        choice = next((choices[member] for member in group.members if member in choices), None)
+        picks[group.key] = (choice.param, choice.count) if choice is not None and choice.count else (group.key, 0)
+    return picks
 
 
 @dataclass
@@ -398,31 +396,28 @@ class Scoring:
     """How the measured method scores plans: on which images, with which calibration images.
 
     Attributes:
-        evaluate: Metrics (``top1``, ``top5``, ``ce``) of a model on the scoring images (the evaluation data).
+        data: The scoring batches ``(images, labels)`` (the evaluation data), iterated in the same order each time.
         data_fingerprint: Identifies those images and their preprocessing (evaluations are reused only on them).
         calibration: Calibration batches of the finalists; None keeps the dense model's BatchNorm statistics.
         search_calibration: Calibration batches of the search (a subset of ``calibration``).
         calibration_fingerprint: Identifies both calibration sets (evaluations are reused only with them).
     """
 
-    evaluate: Callable[[nn.Module], Mapping[str, float]]
+    data: Iterable[Any]
     data_fingerprint: str | None
     calibration: Iterable[Any] | None = None
     search_calibration: Iterable[Any] | None = None
     calibration_fingerprint: str | None = None
 
     @classmethod
-    def from_loaders(
-        cls, evaluate: Callable[[nn.Module], Mapping[str, float]], data: EvalLoader, calibration: EvalLoader | None,
-        search_images: int, seed: int,
-    ) -> Scoring:  # fmt: skip
+    def from_loaders(cls, data: EvalLoader, calibration: EvalLoader | None, search_images: int, seed: int) -> Scoring:
         """Score on ``data``; the search re-estimates on a seeded class-balanced subset of ``search_images`` of the
         calibration images, the finalists on all of them."""
         if calibration is None:
-            return cls(evaluate, data.fingerprint())
+            return cls(data, data.fingerprint())
         subset = calibration.subset(search_images, seed)
         fingerprint = json_fingerprint({"all": calibration.fingerprint(), "search": subset.fingerprint()})
-        return cls(evaluate, data.fingerprint(), calibration, subset, fingerprint)
+        return cls(data, data.fingerprint(), calibration, subset, fingerprint)
 
 
 def build_measured_plan(
@@ -453,10 +448,13 @@ def build_measured_plan(
         sidecar = load_sidecar(analysis_file) or {}
         goal = target * planner.dense_measure
         knapsack = planner.allocate(options, target)
-        starts = start_plans(planner, options, sensitivities, sidecar, lambda opts: planner.allocate(opts, target))
+        starts = {"knapsack": _picks(options, knapsack.choices)}
+        views = start_views(planner, sensitivities, sidecar, lambda o: planner.allocate(o, target, START_RESOLUTION))
+        starts.update({name: _picks(options, choices) for name, choices in views.items()})
         physical = any(info.get("mode") == "physical" for info in (sidecar.get("params") or {}).values())
-        search = JointEvaluator(planner, scoring.evaluate, scoring.search_calibration, physical)
-        full = JointEvaluator(planner, scoring.evaluate, scoring.calibration, physical)
+        keys = [group.key for group in options]
+        search = JointEvaluator(planner, keys, scoring.data, scoring.search_calibration, physical)
+        full = JointEvaluator(planner, keys, scoring.data, scoring.calibration, physical, cache_bytes=0)
         key = {
             "model": (sidecar.get("fingerprint") or {}).get("model"),
             "data": scoring.data_fingerprint,

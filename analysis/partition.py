@@ -158,14 +158,49 @@ class GraphRunner:
             for done in free:
                 del env[done]
 
-    def run_suffix(self, plan: SuffixPlan, frontier: dict[fx.Node, Any]) -> torch.Tensor:
-        """Run a plan's suffix from its frontier values and return the model output."""
+    def run_suffix(
+        self, plan: SuffixPlan, frontier: dict[fx.Node, Any], capture: dict[fx.Node, list[Any]] | None = None
+    ) -> torch.Tensor:
+        """Run a plan's suffix from its frontier values and return the model output; the values of the nodes in
+        ``capture`` are appended to their lists (copied when a later node would change them in place)."""
         env = {node: value.clone() if node in plan.clone else value for node, value in frontier.items()}
         for node, release in zip(plan.nodes, plan.release, strict=True):
             env[node] = self.execute(node, env)
+            if capture is not None and node in capture:
+                capture[node].append(env[node].clone() if node in self._modified_in_place else env[node])
             for done in release:
                 env.pop(done, None)
         return env[self.output]
+
+    def cut_points(self) -> list[fx.Node]:
+        """The nodes every path from the input to the output runs through, in order (the input first): a run can
+        start from such a node's value alone (parameters read by later nodes are looked up again)."""
+        cuts, furthest = [], -1
+        for position, node in enumerate(self.nodes):
+            if furthest <= position and node.op in ("placeholder", "call_module", "call_function", "call_method"):
+                cuts.append(node)
+            if node.op != "get_attr":
+                furthest = max([furthest, position, *(self.index[user] for user in node.users)])
+        return cuts
+
+    def tail(self, cut: fx.Node) -> SuffixPlan:
+        """The plan that runs everything after the cut point ``cut`` (see :meth:`cut_points`) from its value."""
+        start = self.index[cut]
+        attributes = [
+            n for n in self.nodes[:start] if n.op == "get_attr" and any(self.index[u] > start for u in n.users)
+        ]
+        ordered = attributes + self.nodes[start + 1 :]
+        plan = SuffixPlan(ordered, [cut], start)
+        plan.clone = {cut} if cut in self._modified_in_place else set()
+        plan.release = _releases(ordered, keep={self.output})
+        plan.cost = sum(self.node_cost[node] for node in ordered)
+        return plan
+
+    @functools.cached_property
+    def _modified_in_place(self) -> set[fx.Node]:
+        """Nodes whose value a later node changes in place."""
+        return {node.args[0] for node in self.nodes if _in_place(self.module, node) and node.args
+                and isinstance(node.args[0], fx.Node)}  # fmt: skip
 
     def profile(self, inputs: torch.Tensor, repeats: int = 2) -> float:
         """Time every node on ``inputs`` (best of ``repeats`` runs) to estimate suffix costs; returns the total."""

@@ -27,7 +27,7 @@ from analysis.curves import interpolate, monotone_curve
 from analysis.engine import EngineSettings, channel_scores
 from analysis.errors import AnalysisFileError, UserError, did_you_mean
 from analysis.fingerprint import model_fingerprint
-from analysis.flops import Cost, CostModel, Removed, cost_summary, merge_removed
+from analysis.flops import Cost, CostModel, ShapeDelta, cost_summary
 from analysis.groups import (
     PrunableParam,
     build_dependency_graph,
@@ -315,7 +315,7 @@ class Planner:
         self.round_to = int(settings.get("round_to", 1))
         self._scores: dict[str, torch.Tensor] = {}
         self._removed: dict[tuple[str, int], list[int]] = {}
-        self._removed_channels: dict[tuple[str, int], Removed] = {}
+        self._deltas: dict[tuple[str, int], ShapeDelta] = {}
 
     def removed(self, name: str, count: int) -> list[int]:
         """The channels ``name``'s ranking removes at ``count`` (the analysis engine's choice)."""
@@ -390,26 +390,28 @@ class Planner:
         return float(dense.macs - cost.macs if self.measure == "macs" else dense.params - cost.params)
 
     def picks_cost(self, picks: Iterable[tuple[str, int]]) -> Cost:
-        """The exact cost with every ``(ranking param, channel count)`` pick pruned at once (cached per pick)."""
-        return self.costs.removed_cost(self.graph, merge_removed(self._pick_removed(p) for p in picks if p[1]))
+        """The exact cost with every ``(ranking param, channel count)`` pick pruned at once (one pick per group;
+        each pick's shape change is computed once)."""
+        return self.costs.delta_cost(self._pick_delta(pick) for pick in picks if pick[1])
 
-    def _pick_removed(self, pick: tuple[str, int]) -> Removed:
-        if pick not in self._removed_channels:
+    def _pick_delta(self, pick: tuple[str, int]) -> ShapeDelta:
+        if pick not in self._deltas:
             param, count = pick
             conv = self.model.get_submodule(self.by_name[param].module_name)
             group = removal_group(self.graph, conv, self.removed(param, count))
-            self._removed_channels[pick] = self.costs.removed_channels(self.graph, group)
-        return self._removed_channels[pick]
+            self._deltas[pick] = self.costs.shape_delta(self.graph, self.costs.removed_channels(self.graph, group))
+        return self._deltas[pick]
 
-    def allocate(self, options: Sequence[GroupOptions], target: float) -> Allocation:
-        """The knapsack allocation reaching ``target`` (a reduction fraction of :attr:`measure`).
+    def allocate(self, options: Sequence[GroupOptions], target: float, resolution: int | None = None) -> Allocation:
+        """The knapsack allocation reaching ``target`` (a reduction fraction of :attr:`measure`); ``resolution`` as
+        :func:`~analysis.ratios.allocate`.
 
         Raises:
             UserError: If even the largest measured ratios do not reach it.
         """
         dense = self.dense_measure
         try:
-            return allocate(options, target * dense, self.joint_saved)
+            return allocate(options, target * dense, self.joint_saved, resolution)
         except BudgetUnreachable as error:
             best = self.joint_saved({g.key: g.choices[-1] for g in options}) / dense
             raise UserError(

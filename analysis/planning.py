@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from analysis.batchnorm import recalibrate_copy
 from analysis.config import PLAN_METHODS, Config, config_from_data, load_config
 from analysis.errors import AnalysisFileError, ConfigError
@@ -141,12 +139,8 @@ def run_plan_step(
 
 def _scoring(inputs: Inputs, search: SearchSettings, seed: int) -> Scoring:
     """The measured method scores plans on the evaluation data, re-estimating BatchNorm on the calibration images."""
-
-    def score(model: torch.nn.Module) -> dict[str, float]:
-        return evaluate(model, inputs.loader, progress=False).metrics()
-
     calibration = inputs.calibration.loader if inputs.calibration is not None else None
-    return Scoring.from_loaders(score, inputs.loader, calibration, search.calibration_images, seed)
+    return Scoring.from_loaders(inputs.loader, calibration, search.calibration_images, seed)
 
 
 def _batchnorm_note(layers: list[str], calibration: dict[str, Any]) -> dict[str, Any]:

@@ -271,6 +271,7 @@ def allocate(
     options: Sequence[GroupOptions],
     target: float,
     joint_saved: Callable[[Mapping[str, Choice]], float] | None = None,
+    resolution: int | None = None,
 ) -> Allocation:
     """Choose one option per group so the saving reaches ``target`` with the smallest summed predicted loss.
 
@@ -286,6 +287,8 @@ def allocate(
         options: The groups and their choices.
         target: The saving to reach (same units as :attr:`Choice.saved`).
         joint_saved: Exact saving of a selection (default: the sum of the predicted savings).
+        resolution: Savings units per ``target`` (default :data:`RESOLUTION`, or finer for many groups); coarser is
+            faster and loosens the bound.
 
     Raises:
         BudgetUnreachable: If every group at its largest choice still saves less than ``target``.
@@ -295,7 +298,8 @@ def allocate(
     if exact(largest) < target:
         raise BudgetUnreachable(f"the largest measured ratios save {exact(largest):.6g}, less than the {target:.6g} "
                                 "asked for")  # fmt: skip
-    unit = target / max(RESOLUTION, 100 * len(options)) if target > 0 else 1.0  # rounding costs <= 1% of target
+    steps = resolution or max(RESOLUTION, 100 * len(options))  # by default rounding costs <= 1% of the target
+    unit = target / steps if target > 0 else 1.0
     solved, bound = _knapsack(options, target, unit)  # savings rounded up: a relaxation, so ``bound`` is a bound
     goal, chosen = target, dict(largest)
     for _ in range(RESOLUTION):  # each round raises the goal by the last shortfall; it ends within a few rounds

@@ -4,6 +4,7 @@ exported model reproduce what was measured, and the report shows predicted again
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,15 +19,15 @@ from analysis.errors import UserError
 from analysis.evaluate import evaluate
 from analysis.export import load_pruned
 from analysis.flops import count_cost
-from analysis.groups import find_prunable
+from analysis.groups import eval_mode, find_prunable
 from analysis.models import build_model
 from analysis.physical import jointly_pruned_copy
-from analysis.plan import build_plan, plan_from_ratios
+from analysis.plan import build_plan, open_planner, plan_from_ratios
 from analysis.results import load_sidecar
 
 from conftest import REPO, CliResult, tiny_global, write_config
 from test_engine import batches, pseudo_labelled, randomize
-from tiny_models import tiny_densenet, tiny_resnet
+from tiny_models import tiny_densenet, tiny_grouped, tiny_inverted_residual, tiny_resnet
 
 DEMO = ["digits_resnet.yaml", "digits_mobilenet.yaml"]
 
@@ -53,6 +54,30 @@ def test_plan_meets_the_target_exactly_and_its_cost_is_the_pruned_models(factory
     for name, partners in coupled.items():  # coupled params share their group's one ratio
         for partner in partners & set(ratios):
             assert name in ratios and ratios[name] == ratios[partner]
+
+
+@pytest.mark.parametrize("factory", [tiny_resnet, tiny_densenet, tiny_inverted_residual, tiny_grouped],
+                         ids=["resnet", "densenet", "inverted", "grouped"])  # fmt: skip
+def test_summed_shape_changes_give_the_exact_joint_cost(factory, tmp_path: Path) -> None:
+    """The planner adds each group's per-dimension shape change; that equals costing the union of the groups."""
+    model = randomize(factory())
+    example = batches(count=1)[0][0]
+    with eval_mode(model):
+        planner, options = open_planner(model, example, analysed(model, tmp_path / "s.pkl"))
+        generator = random.Random(0)
+        for _ in range(20):
+            picks = []
+            for group in options:
+                choice = generator.choice(group.choices)
+                picks.append((choice.param, choice.count))
+            removals = [(param, planner.removed(param, count)) for param, count in picks if count]
+            assert planner.picks_cost(picks) == planner.joint_cost(removals)
+            pruned = jointly_pruned_copy(model, [(planner.by_name[n].module_name, c) for n, c in removals], example)
+            measured = count_cost(pruned, example)
+            assert (measured.macs, measured.params) == (
+                planner.picks_cost(picks).macs,
+                planner.picks_cost(picks).params,
+            )
 
 
 def test_plan_from_ratios_applies_each_group_once(tmp_path: Path) -> None:
