@@ -277,26 +277,28 @@ class MeasuredSearch:
 
     def _lowest_meeting(self, picks: Picks, key: str) -> Picks | None:
         """Lower group ``key`` as far as the target allows (None if even its current count misses it)."""
-        lower = [c for c in self.counts[key] if c <= picks[key][1]]
         if self.saved(picks) < self.target:
             return None
-        low, high = 0, len(lower) - 1
+        return self._smallest_meeting(picks, key, [c for c in self.counts[key] if c <= picks[key][1]])
+
+    def _raise_until_met(self, picks: Picks, key: str) -> Picks | None:
+        """Raise group ``key`` just enough to meet the target (None if it cannot)."""
+        higher = [c for c in self.counts[key] if c >= picks[key][1]]
+        if self.saved(self._with(picks, key, higher[-1])) < self.target:
+            return None
+        return self._smallest_meeting(picks, key, higher)
+
+    def _smallest_meeting(self, picks: Picks, key: str, counts: Sequence[int]) -> Picks:
+        """``picks`` with group ``key`` at the smallest of ``counts`` (ascending, the last meeting the target) that
+        meets the target; a group's saving grows with its count, so a bisection finds it."""
+        low, high = 0, len(counts) - 1
         while low < high:
             middle = (low + high) // 2
-            if self.saved(self._with(picks, key, lower[middle])) >= self.target:
+            if self.saved(self._with(picks, key, counts[middle])) >= self.target:
                 high = middle
             else:
                 low = middle + 1
-        return self._with(picks, key, lower[low])
-
-    def _raise_until_met(self, picks: Picks, key: str) -> Picks | None:
-        """Raise group ``key`` until the target is met (None if it cannot)."""
-        higher = [c for c in self.counts[key] if c >= picks[key][1]]
-        for count in higher:
-            candidate = self._with(picks, key, count)
-            if self.saved(candidate) >= self.target:
-                return candidate
-        return None
+        return self._with(picks, key, counts[low])
 
     def _finalists(self, current: Scored, starts: Sequence[Scored], archive: Sequence[Scored]) -> list[Scored]:
         """The search's plan, the next best distinct plans by the search's cross-entropy, the best by its top1, the
