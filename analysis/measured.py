@@ -172,7 +172,8 @@ class MeasuredSearch:
         }
         self.evaluations = settings.evaluations or EVALUATIONS_PER_GROUP * len(self.keys)
         self.evaluated = 0  # evaluations in the search setting, including those found in the log
-        self.reused = 0
+        self.reused = 0  # measurements taken from earlier runs' log
+        self.repeated = 0  # plans this run had measured already
 
     # ---------------------------------------------------------------------------------------------- evaluation
 
@@ -182,8 +183,10 @@ class MeasuredSearch:
         if score is None:
             score = self.evaluators[setting].score(picks)
             self.log.add(setting, picks, score)
-        else:
+        elif self.log.from_earlier_run(setting, picks):
             self.reused += 1
+        else:
+            self.repeated += 1
         if setting == "search":
             self.evaluated += 1
         return Scored(name, dict(picks), score)
@@ -333,7 +336,8 @@ class MeasuredSearch:
 
         return {
             "evaluations": result.evaluations,
-            "reused_from_sidecar": result.reused,
+            "from_earlier_runs": result.reused,
+            "repeated_plans": self.repeated,
             "accepted_trades": result.accepted,
             "starts": list(self.starts),
             "finalists": [brief(s) for s in result.finalists],

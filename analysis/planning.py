@@ -185,7 +185,8 @@ def format_plan(result: PlanResult) -> str:
         search = plan.search
         lines.append(
             f"predicted loss (measured by the search, all groups pruned at once): {plan.predicted_loss:+.4f}; "
-            f"{search['evaluations']} evaluations ({search['reused_from_sidecar']} taken from the sidecar), "
+            f"{search['evaluations']} evaluations ({search['from_earlier_runs']} taken from earlier runs' log, "
+            f"{search['repeated_plans']} plans met twice), "
             f"{search['accepted_trades']} trades kept"
         )
         finalists = ", ".join(f"{f['name']} {f['top1']:.4f}" for f in search["finalists"])

@@ -37,6 +37,7 @@ class SearchLog:
         self.key = json_fingerprint(self.description)
         self.entries: list[dict[str, Any]] = [e for e in self._read() if e.get("key") == self.key]
         self._index = {self._id(e["setting"], e["picks"]): e for e in self.entries}
+        self._earlier = set(self._index)  # measured by earlier runs (a killed one, or a search for another target)
 
     def _read(self) -> list[dict[str, Any]]:
         """The log's records; a last line without its newline (a write cut off by a kill) is cut from the file."""
@@ -74,6 +75,10 @@ class SearchLog:
     def encode(picks: Picks) -> list[list[Any]]:
         """The JSON form of a plan: ``[group key, ranking param, count]`` of every pruned group, sorted."""
         return sorted([key, param, count] for key, (param, count) in picks.items() if count)
+
+    def from_earlier_run(self, setting: str, picks: Picks) -> bool:
+        """Whether an earlier run measured ``picks`` in ``setting``."""
+        return self._id(setting, self.encode(picks)) in self._earlier
 
     def get(self, setting: str, picks: Picks) -> JointScore | None:
         """The stored measurement of ``picks`` in ``setting``, if any."""

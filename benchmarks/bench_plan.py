@@ -45,8 +45,10 @@ from analysis.criteria import removal_count  # noqa: E402
 from analysis.evaluate import evaluate  # noqa: E402
 from analysis.groups import all_parameters_require_grad, eval_mode, removal_group  # noqa: E402
 from analysis.job import Inputs, build_inputs, run_job  # noqa: E402
+from analysis.measured import Scoring, SearchSettings, build_measured_plan  # noqa: E402
 from analysis.plan import Planner, build_plan, open_planner  # noqa: E402
 from analysis.ratios import GroupOptions  # noqa: E402
+from analysis.search_log import search_log_path  # noqa: E402
 from analysis.verify import measure_pruned  # noqa: E402
 
 Removals = list[tuple[str, list[int]]]
@@ -169,10 +171,13 @@ def bench_model(model_name: str, args: argparse.Namespace) -> tuple[list[Row], d
     plain, adaptive = (load(model_name, args.out, args.ratios, flag) for flag in (False, True))
     inputs = build_inputs(plain, progress=False, calibration=True)
     _, plain_seconds = timed(lambda: run_job(plain, overwrite=True, progress=False, inputs=inputs))
+    assert plain.SensitivityAnalysis.analysis_file is not None
+    search_log_path(plain.SensitivityAnalysis.analysis_file).unlink(missing_ok=True)  # measure every evaluation
     _, adaptive_seconds = timed(lambda: run_job(adaptive, overwrite=True, progress=False, inputs=inputs))
     analyses = {"plain": plain_seconds, "adaptive_bn": adaptive_seconds}
     print(f"{model_name}: analysis {plain_seconds:.1f} s, with adaptive BN {adaptive_seconds:.1f} s", flush=True)
     model, example = inputs.model, inputs.example_input
+    calibration = inputs.calibration.loader if inputs.calibration is not None else None
     baseline = evaluate(model, inputs.loader, progress=False).top1
     plain_file = plain.SensitivityAnalysis.analysis_file
     adaptive_file = adaptive.SensitivityAnalysis.analysis_file
@@ -186,6 +191,17 @@ def bench_model(model_name: str, args: argparse.Namespace) -> tuple[list[Row], d
                 "Torch-Pruning global": lambda b=budget: (torch_pruning_global(planner, b), None),
                 "knapsack": lambda b=budget: _plan(build_plan(model, example, plain_file, b)),
                 "knapsack (adaptive BN)": lambda b=budget: _plan(build_plan(model, example, adaptive_file, b)),
+                "measured": lambda b=budget: _plan(
+                    build_measured_plan(
+                        model,
+                        example,
+                        plain_file,
+                        b,
+                        Scoring.from_loaders(inputs.loader, calibration, 256, 0),
+                        settings=SearchSettings(evaluations=args.eval_budget),
+                        progress=False,
+                    )
+                ),
             }
             for method, make in methods.items():
                 (removals, predicted), seconds = timed(make)
@@ -215,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["digits_resnet", "digits_mobilenet"])
     parser.add_argument("--budgets", type=float, nargs="+", default=[0.3, 0.4, 0.5, 0.6])
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7])
+    parser.add_argument("--eval_budget", type=int, help="the measured method's evaluations (default: 10 per group)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "_data" / "plans")
     args = parser.parse_args(argv)
     torch.manual_seed(0)

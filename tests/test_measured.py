@@ -120,7 +120,7 @@ def test_a_killed_search_resumes_without_repeating_evaluations(tmp_path: Path) -
         json.dumps(json.loads(line)["picks"]) for line in total
     }
     assert plan.removals() == reference.removals() and plan.predicted_loss == reference.predicted_loss
-    assert plan.search is not None and plan.search["reused_from_sidecar"] >= len(saved)
+    assert plan.search is not None and plan.search["from_earlier_runs"] >= len(saved)
 
     again = Counted(data)
     build_measured_plan(model, example, path, 0.4, scoring(again, calibration), settings=SETTINGS, progress=False)
