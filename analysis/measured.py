@@ -8,17 +8,18 @@ joint evaluations (every group pruned at once, BatchNorm statistics re-estimated
    measurements (the sidecar keeps every variant's top1 and cross-entropy): the relative increase of the
    cross-entropy, its logarithm, a blend with top1, each also with no group pruned beyond a ratio cap. Every start
    reaches the budget exactly and is measured.
-2. **Trades.** From the best plan so far, a seeded random pair of groups trades channels: one removes a step of
-   its channels more (or fewer), the other gives back (or takes) as many as the exact budget allows, so every
-   candidate still meets it. A candidate that measures better (cross-entropy on the scoring images) replaces the
-   plan. After ``patience`` failures per group the step halves, down to ``min_step``, then starts over.
-3. **Finalists.** The search's plan, the best start, the knapsack plan and the next best distinct plans are
+2. **Trades.** From the best plan so far, two groups trade channels: one removes a step of its channels more (or
+   fewer), the other gives back (or takes) as many as the exact budget allows, so every candidate still meets it.
+   A candidate that measures better (cross-entropy on the scoring images, with the BatchNorm statistics
+   re-estimated on a subset of the calibration images) replaces the plan. Which trade and how large:
+   :mod:`analysis.trades` (mostly the trade a model of the gains measured so far predicts best).
+3. **Finalists.** The search's plan, the next best distinct plans, the best start and the knapsack plan are
    measured again with every calibration image; the best top1 (cross-entropy breaks ties) wins. The knapsack plan
    is always a finalist, so the result never measures below it.
 
-Every evaluation is saved in the sidecar as it finishes (under the analysis file's lock). The search is
-deterministic, so a run that was killed retraces its steps and takes every evaluation it already made from the
-sidecar: a resumed search evaluates only what is missing and ends with the same plan.
+Every evaluation is appended to the search log as it finishes (:mod:`analysis.search_log`, under the analysis
+file's lock). The search is deterministic, so a run that was killed retraces its steps and takes every evaluation
+it already made from the log: a resumed search evaluates only what is missing and ends with the same plan.
 """
 
 from __future__ import annotations
@@ -41,17 +42,15 @@ from analysis.engine import relative_loss
 from analysis.errors import UserError
 from analysis.fingerprint import json_fingerprint
 from analysis.groups import eval_mode
-from analysis.joint import JointEvaluator, JointScore, Pick
+from analysis.joint import JointEvaluator, JointScore
 from analysis.lock import exclusive
 from analysis.plan import Plan, open_planner
 from analysis.ratios import Choice, GroupOptions
 from analysis.results import load_sensitivities, load_sidecar
-from analysis.search_log import SearchLog
+from analysis.search_log import Picks, SearchLog
 from analysis.trades import TradePicker
 
 logger = logging.getLogger(__name__)
-
-Picks = dict[str, Pick]  # group key -> (ranking param, channels removed)
 
 # Starting views besides the knapsack plan: (kind, ratio cap), solved at a coarser resolution (they are only starts).
 START_CURVES: tuple[tuple[str, float | None], ...] = (
@@ -165,7 +164,6 @@ class MeasuredSearch:
         self.evaluators = {"search": search, "full": full}
         self.log = log
         self.progress = progress
-        self.largest = {key: group.choices[-1].count for key, group in self.options.items()}
         self.counts = {key: [choice.count for choice in group.choices] for key, group in self.options.items()}
         self.default_param = {
             key: {choice.count: choice.param for choice in group.choices} for key, group in self.options.items()
@@ -229,7 +227,8 @@ class MeasuredSearch:
                     bar.set_postfix(ce=f"{-current.search_key[0]:.4f}", refresh=False)
         finalists = self._finalists(current, starts, archive)
         best = max(finalists, key=lambda s: s.final_key)
-        knapsack = next(s for s in finalists if s.name == "knapsack")
+        knapsack_plan = SearchLog.encode(self.starts["knapsack"])
+        knapsack = next(s for s in finalists if SearchLog.encode(s.picks) == knapsack_plan)
         result = SearchResult(best, knapsack, finalists, self.evaluated, self.reused, picker.accepted)
         result.summary = self._summary(result)
         return result
