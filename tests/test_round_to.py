@@ -17,6 +17,7 @@ from analysis.criteria import allowed_counts, channels_to_remove, removal_count,
 from analysis.errors import AnalysisFileError, ConfigError
 from analysis.export import CHANNELS_FILE, export_pruned, layer_shapes
 from analysis.groups import find_prunable
+from analysis.measured import Scoring, SearchSettings, build_measured_plan
 from analysis.physical import jointly_pruned_copy
 from analysis.plan import build_plan, param_count, plan_from_ratios
 from analysis.results import load_sensitivities, load_sidecar
@@ -201,6 +202,17 @@ def test_budget_plan_and_export_keep_multiples_of_round_to(tmp_path: Path) -> No
     assert pruned_convs
     assert all(changed[name]["out_channels"] % 8 == 0 for name in pruned_convs)
     assert all(s["num_features"] % 8 == 0 for s in changed.values() if s["type"] == "BatchNorm2d")
+
+
+def test_measured_plan_keeps_multiples_of_round_to(tmp_path: Path) -> None:
+    model, data, path = analysed(tmp_path)
+    calibration = [(images + 0.5, labels) for images, labels in data]  # other images than the scored ones
+    scoring = Scoring(data, "data", calibration, calibration[:1], "calibration")
+    plan = build_measured_plan(model, data[0][0], path, 0.3, scoring, settings=SearchSettings(evaluations=12),
+                               progress=False)  # fmt: skip
+    assert plan.groups and plan.reduction >= 0.3 and plan.search is not None
+    for group in plan.groups:
+        assert (group.channels - len(group.removed)) % 8 == 0 and len(group.removed) > 0
 
 
 def test_budget_plan_without_round_to_is_not_rounded(tmp_path: Path) -> None:
