@@ -83,6 +83,11 @@ def affected_batchnorms(graph: tp.DependencyGraph, groups: Iterable[Iterable[Any
     return downstream_batchnorms(graph, sources)
 
 
+def layers_in_copy(model: nn.Module, copy: nn.Module, layers: Iterable[nn.Module]) -> list[Any]:
+    """The layers of ``copy`` (a pruned deep copy of ``model``, same module names) that are ``layers`` in ``model``."""
+    return [copy.get_submodule(name) for name in batchnorm_names(model, layers)]
+
+
 def batchnorm_names(model: nn.Module, layers: Iterable[nn.Module]) -> list[str]:
     """Module names of ``layers`` in ``model`` (model order), to find the same layers in a pruned copy."""
     wanted = set(layers)

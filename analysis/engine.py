@@ -21,7 +21,14 @@ from torch import nn
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from analysis.batchnorm import BatchNorm, changed_sources, downstream_batchnorms, reestimate, reestimated
+from analysis.batchnorm import (
+    BatchNorm,
+    changed_sources,
+    downstream_batchnorms,
+    layers_in_copy,
+    reestimate,
+    reestimated,
+)
 from analysis.criteria import CRITERIA, bn_scale, select_channels
 from analysis.early_stop import EarlyStop
 from analysis.elementwise import element_slices, magnitude_order, weights_to_zero
@@ -442,7 +449,7 @@ class SensitivityEngine:
                 return self.evaluate(self.model)
         channels = prepared.removal[ratio]
         copy = pruned_copy(self.model, prepared.param.module_name, channels, self.example_input).to(self.device)
-        reestimate(copy, same_layers(self.model, copy, prepared.batchnorms), self.calibration or ())
+        reestimate(copy, layers_in_copy(self.model, copy, prepared.batchnorms), self.calibration or ())
         return self.evaluate(copy)
 
     def _choose_mode(self, param: PrunableParam, channels: Sequence[int]) -> ModeCheck:
@@ -477,7 +484,7 @@ class SensitivityEngine:
         example = [(self.example_input, None)]
         with masked(self.graph, group), reestimated(self.model, layers, example), torch.inference_mode():
             masked_logits = self.model(self.check_input).float()
-        reestimate(copy, same_layers(self.model, copy, layers), example)
+        reestimate(copy, layers_in_copy(self.model, copy, layers), example)
         with torch.inference_mode():
             return float((masked_logits - copy(self.check_input).float()).abs().max())
 
@@ -488,12 +495,6 @@ class SensitivityEngine:
         report.skipped[param.name] = reason
         self.store.mark_unprunable(param.name, reason)
         bar.update(len(ratios))
-
-
-def same_layers(model: nn.Module, copy: nn.Module, layers: Sequence[nn.Module]) -> list[Any]:
-    """The layers of ``copy`` (a pruned deep copy of ``model``) that are ``layers`` in ``model``, found by name."""
-    names = {module: name for name, module in model.named_modules()}
-    return [copy.get_submodule(names[layer]) for layer in layers]
 
 
 def _metrics_only(metrics: Metrics) -> Metrics:

@@ -191,9 +191,7 @@ class MeasuredSearch:
 
     def saved(self, picks: Picks) -> float:
         """The exact saving of ``picks`` (every group pruned at once)."""
-        cost = self.evaluators["search"].cost(picks)
-        dense = self.planner.costs.dense
-        return float(dense.macs - cost.macs if self.planner.measure == "macs" else dense.params - cost.params)
+        return self.planner.saved(self.planner.picks_cost(picks.values()))
 
     # ------------------------------------------------------------------------------------------------- search
 

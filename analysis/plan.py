@@ -14,7 +14,6 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -263,7 +262,7 @@ def plan_from_ratios(
                                        planner.removed(param.name, count), predicted))  # fmt: skip
         order = {p.name: index for index, p in enumerate(params)}
         groups.sort(key=lambda g: order[g.members[0]])
-        pruned = planner.joint_cost([(g.ranking_param, g.removed) for g in groups])
+        pruned = planner.picks_cost((g.ranking_param, len(g.removed)) for g in groups)
         predicted_total = sum(g.predicted_loss for g in groups)
         ranking = {k: settings[k] for k in ("criterion", "group_reduction", "round_to")}
         return Plan("macs", None, groups, predicted_total, predicted_total, costs.dense, pruned, ranking, source,
@@ -374,12 +373,6 @@ class Planner:
         points = monotone_curve([(param_count(param, r, self.round_to), loss) for r, loss in measured])
         return interpolate(points, count) if count <= points[-1][0] else float("nan")
 
-    def joint_cost(self, removals: Sequence[tuple[str, Sequence[int]]]) -> Cost:
-        """The exact cost with every ``(param, channels)`` removal applied at once."""
-        groups = [removal_group(self.graph, self.model.get_submodule(self.by_name[name].module_name), channels)
-                  for name, channels in removals]  # fmt: skip
-        return self.costs.group_cost(self.graph, chain.from_iterable(groups))
-
     def joint_saved(self, selection: Mapping[str, Choice]) -> float:
         """The exact saving when every selected group is pruned at once."""
         return self.saved(self.picks_cost((c.param, c.count) for c in selection.values()))
@@ -443,7 +436,7 @@ class Planner:
                 ranking = self.by_name[choice.param]
                 groups.append(PlannedGroup(group.members, choice.param, ranking.module_name, group.channels,
                                            self.removed(choice.param, choice.count), choice.loss))  # fmt: skip
-        pruned = self.joint_cost([(g.ranking_param, g.removed) for g in groups])
+        pruned = self.picks_cost((g.ranking_param, len(g.removed)) for g in groups)
         settings = {k: self.settings[k] for k in ("criterion", "group_reduction", "round_to")}
         return Plan(self.measure, target, groups, predicted_loss, lower_bound, self.costs.dense, pruned, settings,
                     method=method, search=search)  # fmt: skip

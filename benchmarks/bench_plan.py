@@ -95,28 +95,26 @@ def uniform_removals(planner: Planner, options: Sequence[GroupOptions], target: 
     """One ratio for every group (ranked by its first member), the smallest whose exact joint saving reaches
     ``target`` (bisection on the ratio; the saving grows with it)."""
 
-    def removals(ratio: float) -> Removals:
-        chosen = []
+    def picks(ratio: float) -> list[tuple[str, int]]:
+        counts = []
         for group in options:
             param = planner.by_name[group.key]
-            count = removal_count(param.channels, ratio, len(param.conv_blocks), planner.round_to)
-            if count:
-                chosen.append((group.key, planner.removed(group.key, count)))
-        return chosen
+            counts.append((group.key, removal_count(param.channels, ratio, len(param.conv_blocks), planner.round_to)))
+        return counts
 
     low, high = 0.0, 0.95
     for _ in range(30):
         middle = (low + high) / 2
-        if saved(planner, removals(middle)) >= target:
+        if saved(planner, picks(middle)) >= target:
             high = middle
         else:
             low = middle
-    return [(planner.by_name[name].module_name, channels) for name, channels in removals(high)]
+    return [(planner.by_name[name].module_name, planner.removed(name, count)) for name, count in picks(high) if count]
 
 
-def saved(planner: Planner, removals: Sequence[tuple[str, Sequence[int]]]) -> float:
-    """Fraction of the dense MACs that the ``(param, channels)`` removals save together."""
-    return 1 - planner.joint_cost(removals).macs / planner.costs.dense.macs
+def saved(planner: Planner, picks: Sequence[tuple[str, int]]) -> float:
+    """Fraction of the dense MACs that the ``(param, channel count)`` picks save together."""
+    return 1 - planner.picks_cost(picks).macs / planner.costs.dense.macs
 
 
 def torch_pruning_global(planner: Planner, target: float) -> Removals:

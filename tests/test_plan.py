@@ -19,7 +19,7 @@ from analysis.errors import UserError
 from analysis.evaluate import evaluate
 from analysis.export import load_pruned
 from analysis.flops import count_cost
-from analysis.groups import eval_mode, find_prunable
+from analysis.groups import eval_mode, find_prunable, removal_group
 from analysis.models import build_model
 from analysis.physical import jointly_pruned_copy
 from analysis.plan import build_plan, open_planner, plan_from_ratios
@@ -70,9 +70,12 @@ def test_summed_shape_changes_give_the_exact_joint_cost(factory, tmp_path: Path)
             for group in options:
                 choice = generator.choice(group.choices)
                 picks.append((choice.param, choice.count))
-            removals = [(param, planner.removed(param, count)) for param, count in picks if count]
-            assert planner.picks_cost(picks) == planner.joint_cost(removals)
-            pruned = jointly_pruned_copy(model, [(planner.by_name[n].module_name, c) for n, c in removals], example)
+            removals = [(planner.by_name[param].module_name, planner.removed(param, count)) for param, count in picks
+                        if count]  # fmt: skip
+            groups = [removal_group(planner.graph, model.get_submodule(name), channels) for name, channels in removals]
+            union = planner.costs.group_cost(planner.graph, [item for group in groups for item in group])
+            assert planner.picks_cost(picks) == union  # summed deltas == costing the union of the groups
+            pruned = jointly_pruned_copy(model, removals, example)
             measured = count_cost(pruned, example)
             assert (measured.macs, measured.params) == (
                 planner.picks_cost(picks).macs,
