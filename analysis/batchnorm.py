@@ -16,6 +16,7 @@ keeps its statistics.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -102,6 +103,33 @@ class CalibrationStats:
     images: int
 
 
+@contextmanager
+def accumulating(layers: Sequence[BatchNorm]) -> Iterator[None]:
+    """Within the block ``layers`` are in train mode with cumulative averaging (momentum None: every calibration
+    batch weighs the same); each layer's own momentum and mode come back after it (also when the block raises)."""
+    saved = [(layer, layer.momentum, layer.training) for layer in layers]
+    try:
+        for layer in layers:
+            layer.momentum = None
+            layer.train()
+        yield
+    finally:
+        for layer, momentum, training in saved:
+            layer.momentum = momentum
+            layer.train(training)
+
+
+@contextmanager
+def statistics_kept(layers: Sequence[BatchNorm]) -> Iterator[None]:
+    """The running statistics of ``layers`` are restored bit-exactly after the block (also when it raises)."""
+    saved = [buffers_of(layer) for layer in layers]
+    try:
+        yield
+    finally:
+        for layer, state in zip(layers, saved, strict=True):
+            load_buffers(layer, state)
+
+
 def reestimate(
     model: nn.Module, layers: Sequence[BatchNorm], batches: Iterable[Any], max_batches: int | None = None
 ) -> int:
@@ -112,24 +140,16 @@ def reestimate(
     """
     if not layers:
         return 0
-    saved = [(layer, layer.momentum, layer.training) for layer in layers]
     images_seen = 0
-    try:
-        for layer in layers:
-            layer.reset_running_stats()
-            layer.momentum = None  # cumulative moving average: every calibration batch weighs the same
-            layer.train()
-        with torch.no_grad():
-            for index, batch in enumerate(batches):
-                if max_batches is not None and index >= max_batches:
-                    break
-                images = batch_images(batch)
-                model(images)
-                images_seen += len(images)
-    finally:
-        for layer, momentum, training in saved:
-            layer.momentum = momentum
-            layer.train(training)
+    for layer in layers:
+        layer.reset_running_stats()
+    with accumulating(layers), torch.no_grad():
+        for index, batch in enumerate(batches):
+            if max_batches is not None and index >= max_batches:
+                break
+            images = batch_images(batch)
+            model(images)
+            images_seen += len(images)
     return images_seen
 
 
@@ -137,12 +157,8 @@ def reestimate(
 def reestimated(model: nn.Module, layers: Sequence[BatchNorm], batches: Iterable[Any]) -> Iterator[int]:
     """:func:`reestimate` for the duration of the block; the original statistics are restored bit-exactly after
     it (also when the block raises). Yields the number of calibration images seen."""
-    saved = [buffers_of(layer) for layer in layers]
-    try:
+    with statistics_kept(layers):
         yield reestimate(model, layers, batches)
-    finally:
-        for layer, state in zip(layers, saved, strict=True):
-            load_buffers(layer, state)
 
 
 @contextmanager
@@ -150,28 +166,24 @@ def estimation_pass(layers: Sequence[BatchNorm]) -> Iterator[Callable[[], None]]
     """For callers that run the calibration forward passes themselves (e.g. graph pieces): ``layers`` are reset and
     put in train mode with cumulative averaging; calling the yielded ``finish()`` puts them back in their own mode
     with the new statistics; after the block every statistic, momentum and mode is as before, bit-exactly."""
-    saved = [(layer, buffers_of(layer), layer.momentum, layer.training) for layer in layers]
-
-    def finish() -> None:
-        for layer, _, momentum, training in saved:
-            layer.momentum = momentum
-            layer.train(training)
-
-    try:
+    with statistics_kept(layers), contextlib.ExitStack() as modes:
         for layer in layers:
             layer.reset_running_stats()
-            layer.momentum = None
-            layer.train()
-        yield finish
-    finally:
-        finish()
-        for layer, state, _, _ in saved:
-            load_buffers(layer, state)
+        modes.enter_context(accumulating(layers))
+        yield modes.close
 
 
 def batch_images(batch: Any) -> torch.Tensor:
     """The images of a calibration batch, given as ``images`` or ``(images, labels, ...)``."""
     return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+
+def count_images(batches: Iterable[Any] | None) -> int:
+    """Images per pass over ``batches`` (a loader's ``num_samples``, else counted by iterating once)."""
+    if batches is None:
+        return 0
+    counted = getattr(batches, "num_samples", None)
+    return int(counted) if counted is not None else sum(len(batch_images(batch)) for batch in batches)
 
 
 class Estimation:
@@ -189,34 +201,21 @@ class Estimation:
     def step(self, images: int) -> Iterator[None]:
         """Within the block the layers hold this estimation's statistics in train mode with cumulative averaging, so
         a forward pass accumulates one batch of ``images`` images; the new state is kept after it."""
-        modes = [(layer, layer.momentum, layer.training) for layer in self.layers]
-        with self.applied():
-            try:
-                for layer in self.layers:
-                    layer.momentum = None
-                    layer.train()
-                yield
-                self.state = [buffers_of(layer) for layer in self.layers]
-                self.images += images
-            finally:
-                for layer, momentum, training in modes:
-                    layer.momentum = momentum
-                    layer.train(training)
+        with self.applied(), accumulating(self.layers):
+            yield
+            self.state = [buffers_of(layer) for layer in self.layers]
+            self.images += images
 
     @contextmanager
     def applied(self) -> Iterator[None]:
         """Within the block the layers hold this estimation's statistics (freshly reset before its first step)."""
-        saved = [buffers_of(layer) for layer in self.layers]
-        try:
+        with statistics_kept(self.layers):
             for index, layer in enumerate(self.layers):
                 if self.state is None:
                     layer.reset_running_stats()
                 else:
                     load_buffers(layer, self.state[index])
             yield
-        finally:
-            for layer, state in zip(self.layers, saved, strict=True):
-                load_buffers(layer, state)
 
 
 def buffers_of(layer: BatchNorm) -> tuple[torch.Tensor, ...]:

@@ -23,7 +23,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from analysis.adaptive import PairedEstimate, per_sample
-from analysis.batchnorm import Estimation, batch_images
+from analysis.batchnorm import Estimation, batch_images, count_images
 from analysis.engine import (
     LOWER_IS_BETTER,
     EngineReport,
@@ -104,7 +104,7 @@ class FastSensitivityEngine(SensitivityEngine):
         if self.settings.precision is None:
             return super()._baseline()
         start = time.perf_counter()
-        images_total = _count_samples(self.batches)
+        images_total = count_images(self.batches)
         self.order = torch.randperm(images_total, generator=torch.Generator().manual_seed(self.settings.seed))
         self.per_image = {key: torch.empty(images_total, dtype=torch.float64) for key in ("top1", "top5", "ce")}
         sums = MetricSums()
@@ -354,11 +354,6 @@ class FastSensitivityEngine(SensitivityEngine):
         variant = per_sample(logits, labels)[metric]
         reference = self.per_image[metric][index]
         return variant - reference if metric in LOWER_IS_BETTER else reference - variant
-
-
-def _count_samples(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> int:
-    count = getattr(batches, "num_samples", None)
-    return int(count) if count is not None else sum(int(labels.numel()) for _, labels in batches)
 
 
 def ordered_batches(

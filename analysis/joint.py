@@ -30,12 +30,13 @@ from torch import nn
 from analysis.batchnorm import (
     batch_images,
     changed_sources,
+    count_images,
     downstream_batchnorms,
     estimation_pass,
     recalibrate_copy,
     reestimated,
 )
-from analysis.evaluate import MetricSums
+from analysis.evaluate import MetricSums, evaluate
 from analysis.flops import Cost
 from analysis.groups import full_group, removal_group
 from analysis.masking import zeroed, zeroed_slices
@@ -152,13 +153,13 @@ class JointEvaluator:
         copy = jointly_pruned_copy(model, self.removals(selection), example)
         if self.calibration is not None:
             recalibrate_copy(model, copy, self.removals(selection), example, self.calibration)
-        return _metrics(copy, self.data)
+        return evaluate(copy, self.data, progress=False).metrics()
 
     def _score_masked(self, selection: Selection) -> dict[str, float]:
         """The whole network, for every batch (no graph to start from a cut point)."""
         slices, layers = self._masks(selection)
         with zeroed(slices), reestimated(self.planner.model, layers, self.calibration or ()):
-            return _metrics(self.planner.model, self.data)
+            return evaluate(self.planner.model, self.data, progress=False).metrics()
 
     def _score_from_cut(self, selection: Selection) -> dict[str, float]:
         assert self.runner is not None
@@ -233,7 +234,7 @@ class JointEvaluator:
         wanted = {max((c for c in cuts if runner.index[c] < first), key=runner.index.__getitem__, default=None)
                   for first in self._first_change.values()} - {None}  # fmt: skip
         sizes = _bytes_per_image(runner, self.planner.example_input[:1], wanted)
-        images = _count(self.calibration) + _count(self.data)
+        images = count_images(self.calibration) + count_images(self.data)
         budget, kept = self.cache_bytes, []
         for cut in sorted(wanted, key=runner.index.__getitem__, reverse=True):
             if sizes[cut] * images <= budget:
@@ -277,21 +278,6 @@ def _runner(model: nn.Module) -> GraphRunner | None:
     except UntraceableModel as error:
         logger.info("torch.fx cannot trace this model (%s); joint evaluations run the whole network.", error)
         return None
-
-
-def _metrics(model: nn.Module, data: Iterable[Any]) -> dict[str, float]:
-    sums = MetricSums()
-    with torch.inference_mode():
-        for images, labels in data:
-            sums.add(model(images), labels)
-    return sums.result().metrics()
-
-
-def _count(batches: Iterable[Any] | None) -> int:
-    if batches is None:
-        return 0
-    counted = getattr(batches, "num_samples", None)
-    return int(counted) if counted is not None else sum(len(batch_images(batch)) for batch in batches)
 
 
 def _bytes_per_image(runner: GraphRunner, example: torch.Tensor, nodes: set[fx.Node]) -> dict[fx.Node, int]:
