@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -34,6 +33,7 @@ from tqdm.auto import tqdm
 from analysis.config import GlobalConfig
 from analysis.errors import DataError
 from analysis.fingerprint import json_fingerprint
+from analysis.logs import progress_disabled
 
 logger = logging.getLogger(__name__)
 
@@ -364,7 +364,7 @@ class EvalLoader:
         size = self.preprocess.img_size
         images = torch.empty((self.num_samples, 3, size, size), dtype=torch.uint8)
         labels = torch.empty(self.num_samples, dtype=torch.long)
-        disable = not sys.stderr.isatty() if progress is None else not progress
+        disable = progress_disabled(progress)
         position = 0
         with tqdm(total=self.num_samples, desc="decode", unit="img", disable=disable, leave=False) as bar:
             for batch_images, batch_labels in self._raw_batches(self._data_loader(False, persistent=False)):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from analysis.elementwise import element_slices, magnitude_order, weights_to_zer
 from analysis.errors import UserError
 from analysis.flops import CostModel, cost_summary
 from analysis.groups import PrunableParam, full_group, is_out_channel_item, removal_group
+from analysis.logs import progress_disabled
 from analysis.masking import masked, zeroed, zeroed_slices
 from analysis.physical import pruned_copy
 from analysis.store import AnalysisStore
@@ -284,7 +284,7 @@ class SensitivityEngine:
         return min((r for r, v in scores.items() if v is not None and stop.tripped(base, float(v))), default=None)
 
     def _progress_disabled(self) -> bool:
-        return not sys.stderr.isatty() if self.settings.progress is None else not self.settings.progress
+        return progress_disabled(self.settings.progress)
 
     def _baseline(self) -> Metrics:
         stored = self.store.baseline

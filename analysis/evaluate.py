@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -11,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
+
+from analysis.logs import progress_disabled
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def evaluate(
     """
     sums = MetricSums()
     total = getattr(batches, "num_samples", None)
-    disable = not sys.stderr.isatty() if progress is None else not progress
+    disable = progress_disabled(progress)
     start = time.perf_counter()
     with torch.inference_mode(), tqdm(total=total, desc=desc, unit="img", disable=disable, leave=False) as bar:
         for images, labels in batches:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ from analysis.fingerprint import json_fingerprint
 from analysis.groups import eval_mode
 from analysis.joint import JointEvaluator, JointScore
 from analysis.lock import exclusive
+from analysis.logs import progress_disabled
 from analysis.plan import Plan, open_planner
 from analysis.ratios import Choice, GroupOptions
 from analysis.results import load_sensitivities, load_sidecar
@@ -197,7 +197,7 @@ class MeasuredSearch:
 
     def run(self) -> SearchResult:
         """Measure the starts, trade channels until the budget is spent, and pick among the finalists."""
-        disable = not sys.stderr.isatty() if self.progress is None else not self.progress
+        disable = progress_disabled(self.progress)
         with tqdm(total=self.evaluations, desc="measured plan", unit="eval", disable=disable) as bar:
             starts = self._measure_starts(bar)
             current = max(starts, key=lambda s: s.search_key)
