@@ -21,7 +21,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from analysis.early_stop import early_stop_from
+from analysis.engine._early_stop import early_stop_from
 from analysis.errors import ConfigError, did_you_mean
 
 logger = logging.getLogger(__name__)

@@ -4,9 +4,9 @@
 Builds (once, cached under ``benchmarks/_data/``) a seeded synthetic ImageNet-style JPEG folder
 ``<root>/val/<class>/<image>.JPEG`` and measures images/s for resize 256 -> center crop 224 (bilinear):
 
-* ``analysis.data.EvalLoader`` (Pillow decode, uint8 batches, ``normalize_batch`` on the CPU);
+* ``analysis.inputs.data.EvalLoader`` (Pillow decode, uint8 batches, ``normalize_batch`` on the CPU);
 * torchvision's canonical reference: ``ImageFolder`` + v1 ``Resize/CenterCrop/ToTensor/Normalize`` in a DataLoader;
-* decode-only, one image at a time in the main process: Pillow (``analysis.data.load_image``) vs
+* decode-only, one image at a time in the main process: Pillow (``analysis.inputs.data.load_image``) vs
   ``torchvision.io.decode_jpeg`` + v2 tensor resize, with the pixel difference between the two.
 
 Run from the repo root: ``python benchmarks/bench_data.py`` (``--help`` lists the options).
@@ -46,7 +46,7 @@ if importlib.util.find_spec("analysis") is None:  # not installed: use the sourc
     sys.path.insert(0, str(REPO_ROOT))
 
 from analysis.config import IMAGENET_MEAN, IMAGENET_STD, GlobalConfig  # noqa: E402
-from analysis.data import EvalLoader, Preprocess, build_eval_loader, find_samples, load_image  # noqa: E402
+from analysis.inputs.data import EvalLoader, Preprocess, build_eval_loader, find_samples, load_image  # noqa: E402
 
 IMG_SIZE = 224
 RESIZE_SIZE = 256
@@ -60,7 +60,7 @@ SIZE_WEIGHTS = (0.50, 0.15, 0.12, 0.05, 0.06, 0.05, 0.04, 0.03)
 
 OURS = "EvalLoader (ours: Pillow, uint8, normalize_batch)"
 REFERENCE = "torchvision reference (ImageFolder, v1 transforms)"
-DECODE_PILLOW = "decode-only: Pillow (analysis.data.load_image)"
+DECODE_PILLOW = "decode-only: Pillow (analysis.inputs.data.load_image)"
 DECODE_TORCHVISION = "decode-only: torchvision.io.decode_jpeg + v2 resize"
 
 Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]

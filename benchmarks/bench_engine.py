@@ -62,12 +62,12 @@ def peak_rss_mb() -> float:
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """Run one engine on one model in this process and return its measurements."""
     from analysis.config import GlobalConfig
-    from analysis.data import apply_data_cache, build_eval_loader
-    from analysis.engine import EngineSettings
-    from analysis.evaluate import evaluate
-    from analysis.groups import find_prunable
-    from analysis.models import build_model
-    from analysis.sensitivity import run_analysis
+    from analysis.engine.evaluate import evaluate
+    from analysis.engine.reference import EngineSettings
+    from analysis.engine.run import run_analysis
+    from analysis.inputs.data import apply_data_cache, build_eval_loader
+    from analysis.inputs.models import build_model
+    from analysis.structure.groups import find_prunable
 
     torch.manual_seed(args.seed)
     start = time.perf_counter()
@@ -121,9 +121,9 @@ def ideal_bound(model: torch.nn.Module, loader: Any, names: list[str], ratios: i
     Each param's changed part (its graph suffix) is run once per batch, unmasked (the same work as a masked run),
     and timed on its own; the frontier it starts from is computed outside the timing.
     """
-    from analysis.evaluate import evaluate
-    from analysis.groups import build_dependency_graph, full_group
-    from analysis.partition import GraphRunner
+    from analysis.engine._partition import GraphRunner
+    from analysis.engine.evaluate import evaluate
+    from analysis.structure.groups import build_dependency_graph, full_group
 
     forward = evaluate(model, loader, progress=False).seconds
     runner = GraphRunner(model)

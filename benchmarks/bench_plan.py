@@ -3,7 +3,7 @@
 
 For each demo model and each MACs budget, every method's plan is pruned into a physical copy of the model
 (Torch-Pruning), evaluated on the demo's evaluation images with the dense model's BatchNorm statistics (raw) and
-after re-estimating the statistics the pruning changed on 1,024 training images (analysis.batchnorm), exactly as
+after re-estimating the statistics the pruning changed on 1,024 training images (analysis.engine.batchnorm), exactly as
 ``run.py verify`` does. Methods:
 
 * uniform: one ratio for every analysed group (our channel ranking), the smallest that reaches the budget;
@@ -41,15 +41,15 @@ if importlib.util.find_spec("analysis") is None:
     sys.path.insert(0, str(REPO_ROOT))
 
 from analysis.config import Config, load_config  # noqa: E402
-from analysis.criteria import removal_count  # noqa: E402
-from analysis.evaluate import evaluate  # noqa: E402
-from analysis.groups import all_parameters_require_grad, eval_mode, removal_group  # noqa: E402
-from analysis.job import Inputs, build_inputs, run_job  # noqa: E402
-from analysis.measured import Scoring, SearchSettings, build_measured_plan  # noqa: E402
-from analysis.plan import Planner, build_plan, open_planner  # noqa: E402
-from analysis.ratios import GroupOptions  # noqa: E402
-from analysis.search_log import search_log_path  # noqa: E402
-from analysis.verify import measure_pruned  # noqa: E402
+from analysis.engine.evaluate import evaluate  # noqa: E402
+from analysis.inputs._job import Inputs, build_inputs, run_job  # noqa: E402
+from analysis.io._search_log import search_log_path  # noqa: E402
+from analysis.planning.measured import Scoring, SearchSettings, build_measured_plan  # noqa: E402
+from analysis.planning.plan import Planner, build_plan, open_planner  # noqa: E402
+from analysis.planning.ratios import GroupOptions  # noqa: E402
+from analysis.planning.verify import measure_pruned  # noqa: E402
+from analysis.structure.criteria import removal_count  # noqa: E402
+from analysis.structure.groups import all_parameters_require_grad, eval_mode, removal_group  # noqa: E402
 
 Removals = list[tuple[str, list[int]]]
 
@@ -158,7 +158,7 @@ def measure(inputs: Inputs, removals: Removals) -> tuple[float, float, float]:
 
     pruned, raw, recalibrated = measure_pruned(model, removals, score, example, inputs.calibration)
     assert recalibrated is not None
-    from analysis.flops import count_cost
+    from analysis.structure.flops import count_cost
 
     reduction = 1 - count_cost(pruned, example).macs / count_cost(model, example).macs
     return raw["top1"], recalibrated.metrics["top1"], reduction

@@ -29,9 +29,9 @@ if importlib.util.find_spec("analysis") is None:
 
 from analysis import analysis_prune  # noqa: E402
 from analysis.config import load_config  # noqa: E402
-from analysis.data import apply_data_cache, build_eval_loader  # noqa: E402
-from analysis.models import build_model  # noqa: E402
-from analysis.results import load_sensitivities, load_sidecar  # noqa: E402
+from analysis.inputs.data import apply_data_cache, build_eval_loader  # noqa: E402
+from analysis.inputs.models import build_model  # noqa: E402
+from analysis.io.results import load_sensitivities, load_sidecar  # noqa: E402
 
 DIGITS = REPO_ROOT / "datasets" / "digits"
 BUCKETS = ((0.0, 0.01), (0.01, 0.05), (0.05, 0.2), (0.2, float("inf")))

@@ -14,7 +14,7 @@ import torch
 import yaml
 from PIL import Image
 
-from analysis.cli import main
+from analysis.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_MODELS = Path(__file__).resolve().parent / "tiny_models.py"

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from analysis import analysis_prune
-from analysis.adaptive import MIN_SAMPLES, PairedEstimate
+from analysis.engine._adaptive import MIN_SAMPLES, PairedEstimate
 from analysis.errors import AnalysisFileError, ConfigError
-from analysis.results import load_sensitivities, load_sidecar
+from analysis.io.results import load_sensitivities, load_sidecar
 
 import engine_models
 from test_engine import batches, pseudo_labelled, randomize

@@ -12,20 +12,20 @@ import torch
 from PIL import Image
 
 from analysis import analysis_prune
-from analysis.batchnorm import affected_batchnorms, recalibrate_copy, reestimated
-from analysis.calibration import build_calibration_set
 from analysis.config import load_config
-from analysis.criteria import l1_norm, select_channels
-from analysis.data import apply_data_cache, build_eval_loader
-from analysis.engine import relative_loss
+from analysis.engine.batchnorm import affected_batchnorms, recalibrate_copy, reestimated
+from analysis.engine.evaluate import evaluate
+from analysis.engine.reference import relative_loss
 from analysis.errors import AnalysisFileError, ConfigError
-from analysis.evaluate import evaluate
-from analysis.groups import build_dependency_graph, find_prunable, removal_group
-from analysis.masking import masked
-from analysis.models import build_model
-from analysis.physical import pruned_copy
-from analysis.report import write_report
-from analysis.results import export_csv, load_sensitivities, load_sidecar
+from analysis.inputs.calibration import build_calibration_set
+from analysis.inputs.data import apply_data_cache, build_eval_loader
+from analysis.inputs.models import build_model
+from analysis.io.results import export_csv, load_sensitivities, load_sidecar
+from analysis.reporting.report import write_report
+from analysis.structure.criteria import l1_norm, select_channels
+from analysis.structure.groups import build_dependency_graph, find_prunable, removal_group
+from analysis.structure.masking import masked
+from analysis.structure.physical import pruned_copy
 
 import engine_models
 import tiny_models

@@ -10,7 +10,8 @@ import torch
 import torchvision
 from torch import nn
 
-from analysis.batchnorm import (
+from analysis.engine._partition import GraphRunner
+from analysis.engine.batchnorm import (
     Estimation,
     affected_batchnorms,
     batchnorm_names,
@@ -20,11 +21,10 @@ from analysis.batchnorm import (
     reestimate,
     reestimated,
 )
-from analysis.criteria import l1_norm, select_channels
-from analysis.groups import build_dependency_graph, find_prunable, full_group, removal_group
-from analysis.masking import masked, zeroed, zeroed_slices
-from analysis.partition import GraphRunner
-from analysis.physical import pruned_copy
+from analysis.structure.criteria import l1_norm, select_channels
+from analysis.structure.groups import build_dependency_graph, find_prunable, full_group, removal_group
+from analysis.structure.masking import masked, zeroed, zeroed_slices
+from analysis.structure.physical import pruned_copy
 
 import bn_models
 import engine_models

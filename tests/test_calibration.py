@@ -16,11 +16,11 @@ import pytest
 import torch
 from PIL import Image
 
-from analysis.calibration import CalibrationSet, build_calibration_set, resolve_calibration
 from analysis.config import GlobalConfig, load_config
-from analysis.data import build_eval_loader, load_image, normalize_batch
 from analysis.errors import DataError
-from analysis.job import build_inputs
+from analysis.inputs._job import build_inputs
+from analysis.inputs.calibration import CalibrationSet, build_calibration_set, resolve_calibration
+from analysis.inputs.data import build_eval_loader, load_image, normalize_batch
 
 from conftest import CliResult, tiny_global, write_config, write_images
 

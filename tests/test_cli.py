@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import analysis.cli
-import analysis.job
-from analysis.models import create_architecture
-from analysis.results import load_sidecar
+import analysis.cli.main
+import analysis.inputs._job
+from analysis.inputs.models import create_architecture
+from analysis.io.results import load_sidecar
 
 from conftest import REPO, TINY_MODELS, CliResult, tiny_global, write_config, write_images
 
@@ -60,8 +60,8 @@ def test_baseline_matches_a_direct_evaluation(cli: Cli, tmp_path: Path, list_dat
     torch.save(model.state_dict(), tmp_path / "w.pt")
     result = cli("--config_path", config_file(tmp_path, list_data, params_filename=str(tmp_path / "w.pt")))
     from analysis.config import GlobalConfig
-    from analysis.data import build_eval_loader
-    from analysis.evaluate import evaluate
+    from analysis.engine.evaluate import evaluate
+    from analysis.inputs.data import build_eval_loader
 
     cfg = GlobalConfig(**tiny_global(list_data))
     expected = evaluate(model.eval(), build_eval_loader(cfg, torch.device("cpu")), progress=False)
@@ -197,7 +197,7 @@ def test_internal_bugs_keep_their_traceback(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(analysis.job, "evaluate", broken)
+    monkeypatch.setattr(analysis.inputs._job, "evaluate", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         cli("--config_path", config_file(tmp_path, list_data))
 

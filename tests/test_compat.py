@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from analysis import SensitivityAnalysis
-from analysis.compat import standing_in
-from analysis.criteria import l1_norm, select_channels
+from analysis.compat.nni import standing_in
 from analysis.errors import ConfigError
-from analysis.physical import pruned_copy
+from analysis.structure.criteria import l1_norm, select_channels
+from analysis.structure.physical import pruned_copy
 
 import engine_models
 from test_engine import randomize

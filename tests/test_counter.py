@@ -10,8 +10,8 @@ import torch
 import torchvision
 from torch import nn
 
-from analysis.counter import count_flops_params
-from analysis.flops import count_cost
+from analysis.compat.counter import count_flops_params
+from analysis.structure.flops import count_cost
 
 from test_mask_conflict import ResidualNet
 from tiny_models import tiny_resnet

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from analysis.criteria import (
+from analysis.structure.criteria import (
     CRITERIA,
     bn_scale,
     channels_to_remove,

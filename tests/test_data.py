@@ -11,7 +11,8 @@ import torch
 from PIL import Image
 
 from analysis.config import GlobalConfig
-from analysis.data import (
+from analysis.errors import DataError
+from analysis.inputs.data import (
     EvalLoader,
     Preprocess,
     build_eval_loader,
@@ -20,7 +21,6 @@ from analysis.data import (
     normalize_batch,
     select_subset,
 )
-from analysis.errors import DataError
 
 from conftest import write_images
 

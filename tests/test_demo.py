@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from analysis.config import load_config
-from analysis.data import build_eval_loader, find_samples
-from analysis.evaluate import evaluate
-from analysis.models import build_model
+from analysis.engine.evaluate import evaluate
+from analysis.inputs.data import build_eval_loader, find_samples
+from analysis.inputs.models import build_model
 
 from conftest import REPO, CliResult
 

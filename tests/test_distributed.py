@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.results import load_sensitivities, load_sidecar, save_sensitivities, save_sidecar
+from analysis.io.results import load_sensitivities, load_sidecar, save_sensitivities, save_sidecar
 
 from conftest import REPO
 

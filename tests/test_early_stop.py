@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from analysis import analysis_prune
-from analysis.early_stop import EarlyStop
-from analysis.partition import GraphRunner
-from analysis.results import load_sensitivities, load_sidecar
+from analysis.engine._early_stop import EarlyStop
+from analysis.engine._partition import GraphRunner
+from analysis.io.results import load_sensitivities, load_sidecar
 
 from conftest import tiny_global, write_config
 from test_engine import batches, pseudo_labelled, randomize

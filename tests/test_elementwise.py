@@ -10,12 +10,12 @@ import yaml
 
 from analysis import analysis_prune
 from analysis.config import load_config
-from analysis.elementwise import element_params, element_slices, magnitude_order, weights_to_zero
-from analysis.engine import relative_loss
+from analysis.engine.evaluate import evaluate
+from analysis.engine.reference import relative_loss
 from analysis.errors import AnalysisFileError, ConfigError
-from analysis.evaluate import evaluate
-from analysis.masking import zeroed
-from analysis.results import load_sensitivities, load_sidecar, ratios_path
+from analysis.io.results import load_sensitivities, load_sidecar, ratios_path
+from analysis.structure.elementwise import element_params, element_slices, magnitude_order, weights_to_zero
+from analysis.structure.masking import zeroed
 
 from conftest import tiny_global, write_config
 from test_engine import batches, pseudo_labelled, randomize

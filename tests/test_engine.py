@@ -12,13 +12,13 @@ import yaml
 from torch import nn
 
 from analysis import analysis_prune
-from analysis.criteria import l1_norm, select_channels
-from analysis.engine import relative_loss
+from analysis.engine.evaluate import evaluate
+from analysis.engine.reference import relative_loss
 from analysis.errors import ConfigError, UserError
-from analysis.evaluate import evaluate
-from analysis.groups import find_prunable
-from analysis.physical import pruned_copy
-from analysis.results import load_sensitivities, load_sidecar, ratios_path
+from analysis.io.results import load_sensitivities, load_sidecar, ratios_path
+from analysis.structure.criteria import l1_norm, select_channels
+from analysis.structure.groups import find_prunable
+from analysis.structure.physical import pruned_copy
 
 import engine_models
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from analysis.evaluate import MetricSums, evaluate
+from analysis.engine.evaluate import MetricSums, evaluate
 
 
 def crafted() -> tuple[torch.Tensor, torch.Tensor]:

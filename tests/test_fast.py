@@ -10,13 +10,13 @@ import torch
 import torchvision
 from torch import nn
 
-import analysis.partition
+import analysis.engine._partition
 from analysis import analysis_prune
 from analysis.config import load_config
-from analysis.data import apply_data_cache, build_eval_loader
-from analysis.groups import find_prunable
-from analysis.models import build_model
-from analysis.results import load_sensitivities, load_sidecar
+from analysis.inputs.data import apply_data_cache, build_eval_loader
+from analysis.inputs.models import build_model
+from analysis.io.results import load_sensitivities, load_sidecar
+from analysis.structure.groups import find_prunable
 
 import engine_models
 from conftest import REPO
@@ -76,12 +76,12 @@ def test_untraceable_model_falls_back_to_the_reference_engine(tmp_path: Path, ca
 def test_a_split_that_differs_from_eager_execution_is_not_trusted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = analysis.partition.GraphRunner.run_suffix
+    original = analysis.engine._partition.GraphRunner.run_suffix
 
     def off_by_a_little(self, plan, frontier):  # a wrong graph split: logits off by one ulp-ish amount
         return original(self, plan, frontier) + 1e-6
 
-    monkeypatch.setattr(analysis.partition.GraphRunner, "run_suffix", off_by_a_little)
+    monkeypatch.setattr(analysis.engine._partition.GraphRunner, "run_suffix", off_by_a_little)
     model = randomize(engine_models.slow_cnn(delay=0.0))
     data = pseudo_labelled(model, batches(count=2))
     with caplog.at_level(logging.INFO, logger="analysis"):

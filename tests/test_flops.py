@@ -13,9 +13,17 @@ import torchvision
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from analysis.flops import CONVENTIONS, Cost, CostModel, cost_summary, count_cost, format_count, layer_positions
-from analysis.groups import PrunableParam, build_dependency_graph, conv_execution_order, describe_convs
-from analysis.physical import pruned_copy
+from analysis.structure.flops import (
+    CONVENTIONS,
+    Cost,
+    CostModel,
+    cost_summary,
+    count_cost,
+    format_count,
+    layer_positions,
+)
+from analysis.structure.groups import PrunableParam, build_dependency_graph, conv_execution_order, describe_convs
+from analysis.structure.physical import pruned_copy
 
 from tiny_models import (
     tiny_channel_scale,

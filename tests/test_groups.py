@@ -7,7 +7,7 @@ import torch
 import torchvision
 from torch import nn
 
-from analysis.groups import (
+from analysis.structure.groups import (
     PrunableParam,
     build_dependency_graph,
     conv_execution_order,

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
+from analysis.compat.mask_conflict import fix_mask_conflict
+from analysis.compat.topology import ChannelDependency
 from analysis.errors import ConfigError, UserError
-from analysis.mask_conflict import fix_mask_conflict
-from analysis.topology import ChannelDependency
 
 from tiny_models import tiny_grouped, tiny_inverted_residual
 

@@ -27,10 +27,10 @@ import torch
 import torchvision
 from torch import nn
 
-from analysis.criteria import l1_norm, select_channels
-from analysis.groups import build_dependency_graph, find_prunable, removal_group
-from analysis.masking import masked
-from analysis.physical import pruned_copy
+from analysis.structure.criteria import l1_norm, select_channels
+from analysis.structure.groups import build_dependency_graph, find_prunable, removal_group
+from analysis.structure.masking import masked
+from analysis.structure.physical import pruned_copy
 
 from tiny_models import (
     tiny_channel_scale,

@@ -15,16 +15,16 @@ import yaml
 from test_adaptive_bn import calibration_batches, write_train_list
 
 from analysis import analysis_prune
-from analysis.evaluate import evaluate
-from analysis.flops import count_cost
-from analysis.groups import eval_mode
-from analysis.joint import JointEvaluator
-from analysis.measured import Scoring, SearchSettings, build_measured_plan
-from analysis.physical import jointly_pruned_copy
-from analysis.plan import build_plan, open_planner
-from analysis.results import load_sidecar
-from analysis.search_log import search_log_path
-from analysis.verify import measure_pruned
+from analysis.engine.evaluate import evaluate
+from analysis.io._search_log import search_log_path
+from analysis.io.results import load_sidecar
+from analysis.planning._joint import JointEvaluator
+from analysis.planning.measured import Scoring, SearchSettings, build_measured_plan
+from analysis.planning.plan import build_plan, open_planner
+from analysis.planning.verify import measure_pruned
+from analysis.structure.flops import count_cost
+from analysis.structure.groups import eval_mode
+from analysis.structure.physical import jointly_pruned_copy
 
 import tiny_models
 from conftest import TINY_MODELS, CliResult, tiny_global, write_config
@@ -142,7 +142,7 @@ def test_evaluations_are_not_reused_with_other_calibration_images(tmp_path: Path
 
 
 def _calibration_set(calibration: list) -> object:
-    """A stand-in for :class:`analysis.calibration.CalibrationSet` around in-memory batches."""
+    """A stand-in for :class:`analysis.inputs.calibration.CalibrationSet` around in-memory batches."""
 
     class InMemory:
         loader = calibration

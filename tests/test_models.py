@@ -12,7 +12,7 @@ from torch import nn
 
 from analysis.config import GlobalConfig
 from analysis.errors import ModelError
-from analysis.models import build_model, count_outputs, create_architecture
+from analysis.inputs.models import build_model, count_outputs, create_architecture
 
 from conftest import TINY_MODELS
 

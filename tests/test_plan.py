@@ -14,16 +14,16 @@ import yaml
 
 from analysis import analysis_prune
 from analysis.config import load_config
-from analysis.data import build_eval_loader
+from analysis.engine.evaluate import evaluate
 from analysis.errors import UserError
-from analysis.evaluate import evaluate
-from analysis.export import load_pruned
-from analysis.flops import count_cost
-from analysis.groups import eval_mode, find_prunable, removal_group
-from analysis.models import build_model
-from analysis.physical import jointly_pruned_copy
-from analysis.plan import build_plan, open_planner, plan_from_ratios
-from analysis.results import load_sidecar
+from analysis.inputs.data import build_eval_loader
+from analysis.inputs.models import build_model
+from analysis.io.results import load_sidecar
+from analysis.planning.export import load_pruned
+from analysis.planning.plan import build_plan, open_planner, plan_from_ratios
+from analysis.structure.flops import count_cost
+from analysis.structure.groups import eval_mode, find_prunable, removal_group
+from analysis.structure.physical import jointly_pruned_copy
 
 from conftest import REPO, CliResult, tiny_global, write_config
 from test_engine import batches, pseudo_labelled, randomize

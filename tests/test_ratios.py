@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.ratios import channel_prune_yaml, explain_target_loss, get_ratios_by_loss, save_ratios_yaml
+from analysis.planning.ratios import channel_prune_yaml, explain_target_loss, get_ratios_by_loss, save_ratios_yaml
 
 # --------------------------------------------------------------------------------------------- get_ratios_by_loss
 

@@ -17,10 +17,10 @@ import pytest
 from PIL import Image
 
 from analysis.errors import AnalysisFileError, ConfigError
-from analysis.plots import curves_size, heatmap_size, loss_colouring, plot_curves, savings_size
-from analysis.ratios import get_ratios_by_loss
-from analysis.report import report_paths, write_report
-from analysis.results import save_sensitivities, save_sidecar
+from analysis.io.results import save_sensitivities, save_sidecar
+from analysis.planning.ratios import get_ratios_by_loss
+from analysis.reporting.plots import curves_size, heatmap_size, loss_colouring, plot_curves, savings_size
+from analysis.reporting.report import report_paths, write_report
 
 RATIOS = (0.1, 0.2, 0.3, 0.4)
 NAMES = [f"stage{i // 3}.block{i % 3}.conv.weight" for i in range(10)]

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis import results
 from analysis.errors import AnalysisFileError
-from analysis.results import (
+from analysis.io import results
+from analysis.io.results import (
     atomic_write_bytes,
     atomic_write_text,
     csv_path,

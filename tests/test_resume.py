@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.results import load_sensitivities
+from analysis.io.results import load_sensitivities
 
 from conftest import REPO, tiny_global, write_config
 
@@ -92,7 +92,7 @@ def test_interrupted_run_saves_says_how_to_resume_and_exits(
 
 KILLING_RUNNER = """
 import os, signal, sys
-from analysis import cli
+from analysis.cli import main
 kill_at, calls, replace = int(sys.argv[1]), [0], os.replace
 def replace_or_die(source, target):
     calls[0] += 1
@@ -100,7 +100,7 @@ def replace_or_die(source, target):
         os.kill(os.getpid(), signal.SIGKILL)
     replace(source, target)
 os.replace = replace_or_die
-sys.exit(cli.main(sys.argv[2:]))
+sys.exit(main(sys.argv[2:]))
 """
 
 

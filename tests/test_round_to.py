@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from analysis import analysis_prune
-from analysis.criteria import allowed_counts, channels_to_remove, removal_count, select_channels
 from analysis.errors import AnalysisFileError, ConfigError
-from analysis.export import CHANNELS_FILE, export_pruned, layer_shapes
-from analysis.groups import find_prunable
-from analysis.measured import Scoring, SearchSettings, build_measured_plan
-from analysis.physical import jointly_pruned_copy
-from analysis.plan import build_plan, param_count, plan_from_ratios
-from analysis.results import load_sensitivities, load_sidecar
+from analysis.io.results import load_sensitivities, load_sidecar
+from analysis.planning.export import CHANNELS_FILE, export_pruned, layer_shapes
+from analysis.planning.measured import Scoring, SearchSettings, build_measured_plan
+from analysis.planning.plan import build_plan, param_count, plan_from_ratios
+from analysis.structure.criteria import allowed_counts, channels_to_remove, removal_count, select_channels
+from analysis.structure.groups import find_prunable
+from analysis.structure.physical import jointly_pruned_copy
 
 import bn_models
 import tiny_models

@@ -8,8 +8,8 @@ import pytest
 from test_cli import analysis_config, assert_user_error
 
 from analysis.errors import ConfigError
-from analysis.results import load_sensitivities, load_sidecar
-from analysis.shards import ShardSpec, assign, downstream_macs
+from analysis.io.results import load_sensitivities, load_sidecar
+from analysis.scale._shards import ShardSpec, assign, downstream_macs
 
 from conftest import CliResult
 
@@ -68,7 +68,7 @@ def test_merged_shards_equal_one_run_and_mismatches_are_refused(cli: object, tmp
 
 
 def test_merge_later_files_win(cli: object, tmp_path: Path) -> None:
-    from analysis.results import save_sensitivities
+    from analysis.io.results import save_sensitivities
 
     save_sensitivities(tmp_path / "a.pkl", {"x.weight": {0.1: 0.5, 0.2: 0.6}})
     save_sensitivities(tmp_path / "b.pkl", {"x.weight": {0.2: 0.9}, "y.weight": {0.1: 0.0}})

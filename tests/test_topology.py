@@ -13,7 +13,7 @@ import torch
 import torchvision
 from torch import nn
 
-from analysis.topology import ChannelDependency, dependency_csv, dependency_sets, not_safe_to_prune
+from analysis.compat.topology import ChannelDependency, dependency_csv, dependency_sets, not_safe_to_prune
 
 from tiny_models import tiny_inverted_residual, tiny_resnet
 

@@ -2,7 +2,7 @@
 
     pip install -e . && python datasets/digits/train_demo_models.py
 
-Training images go through the tool's own decoding (``analysis.data.load_image``) at 32x32 plus a random 28x28
+Training images go through the tool's own decoding (``analysis.inputs.data.load_image``) at 32x32 plus a random 28x28
 crop (+-2 px shifts); the reported val top1 comes from the tool's own evaluation of ``configs/demo/*.yaml``, so the
 number printed here is the number ``run.py`` prints. Seeded; a couple of minutes on a 2-core CPU.
 """
@@ -24,9 +24,9 @@ REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO))
 
 from analysis.config import load_config  # noqa: E402
-from analysis.data import Preprocess, build_eval_loader, find_samples, load_image, normalize_batch  # noqa: E402
-from analysis.evaluate import evaluate  # noqa: E402
-from analysis.models import create_architecture  # noqa: E402
+from analysis.engine.evaluate import evaluate  # noqa: E402
+from analysis.inputs.data import Preprocess, build_eval_loader, find_samples, load_image, normalize_batch  # noqa: E402
+from analysis.inputs.models import create_architecture  # noqa: E402
 
 MODELS = {  # demo config -> weights file written by this script
     "configs/demo/digits_resnet.yaml": "digits_resnet.pth",

@@ -1,0 +1,135 @@
+"""The subcommands: ``run.py report`` (CSV, plots and HTML of an existing analysis file, nothing evaluated),
+``run.py merge`` (merge analysis files of one analysis, e.g. shards) and ``run.py deps`` (channel dependency sets).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from analysis.cli._logs import setup_logging
+from analysis.compat.topology import dependency_csv, dependency_sets, not_safe_to_prune
+from analysis.config import load_config
+from analysis.errors import AnalysisFileError
+from analysis.inputs.models import build_model
+from analysis.io._lock import exclusive
+from analysis.io.results import CSV_STYLES, atomic_write_text, csv_path, export_csv, sidecar_path
+from analysis.scale._shards import merge_files
+
+EXIT_OK = 0
+
+
+def build_report_parser() -> argparse.ArgumentParser:
+    """The parser of ``run.py report``."""
+    parser = argparse.ArgumentParser(
+        prog="run.py report",
+        description="Write the CSV exports, plots and HTML report of an existing analysis file (and its .json "
+        "sidecar) without evaluating anything.",
+    )
+    parser.add_argument("analysis_file", help="analysis pickle, e.g. outputs/demo/digits_resnet/sensitivity.pkl")
+    parser.add_argument("--target_loss", type=float, help="mark the ratios derived for this loss")
+    parser.add_argument("--ratio", type=float, help="ratio of the savings plot (default: the largest analysed)")
+    parser.add_argument("--out_dir", help="where to write (default: next to the analysis file)")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    return parser
+
+
+def build_merge_parser() -> argparse.ArgumentParser:
+    """The parser of ``run.py merge``."""
+    parser = argparse.ArgumentParser(
+        prog="run.py merge",
+        description="Merge analysis files (and their .json sidecars) of one analysis, e.g. shards, into OUTPUT: "
+        "later inputs win for the same (param, ratio), as PaddleSlim's merge_sensitive; files of another model, "
+        "other data or other settings are refused.",
+    )
+    parser.add_argument("output", help="analysis file to write (replaced if it exists)")
+    parser.add_argument("inputs", nargs="+", help="analysis files to merge, in order")
+    return parser
+
+
+def build_deps_parser() -> argparse.ArgumentParser:
+    """The parser of ``run.py deps``."""
+    parser = argparse.ArgumentParser(
+        prog="run.py deps",
+        description="Print the model's channel dependency sets (convs whose filters must be removed together) and "
+        "the convs that cannot be pruned, and write the sets as CSV in NNI's format.",
+    )
+    parser.add_argument("--config_path", required=True, help="YAML config; only its model keys are used")
+    parser.add_argument("--output", help="CSV to write (default: dependencies.csv next to the analysis file)")
+    parser.add_argument("overrides", nargs="*", metavar="Section.key=value", help="dotted config overrides")
+    return parser
+
+
+def write_reports(
+    analysis_file: str | Path,
+    target_loss: float | None = None,
+    ratio: float | None = None,
+    out_dir: str | Path | None = None,
+) -> list[Path]:
+    """Write both CSV exports, the plots and the HTML report of ``analysis_file``; returns the paths written."""
+    from analysis.reporting.report import write_report  # matplotlib is imported only when reports are written
+
+    directory = Path(out_dir) if out_dir is not None else Path(analysis_file).parent
+    written = [export_csv(analysis_file, csv_path(directory / Path(analysis_file).name, style), style)
+               for style in CSV_STYLES]  # fmt: skip
+    files = write_report(analysis_file, out_dir=directory, target_loss=target_loss, ratio=ratio)
+    return [*written, files.curves, files.heatmap, files.savings, files.html]
+
+
+def report_main(argv: Sequence[str]) -> int:
+    """``run.py report``: regenerate the CSV, plots and HTML of an existing analysis file."""
+    args = build_report_parser().parse_args(list(argv))
+    setup_logging(args.quiet)
+    if not Path(args.analysis_file).is_file():
+        raise AnalysisFileError(f"Analysis file {args.analysis_file} does not exist; pass the .pkl a run wrote.")
+    for path in write_reports(args.analysis_file, args.target_loss, args.ratio, args.out_dir):
+        if not args.quiet:
+            print(path)
+    return EXIT_OK
+
+
+def merge_main(argv: Sequence[str]) -> int:
+    """``run.py merge``: merge analysis files of one analysis into one."""
+    args = build_merge_parser().parse_args(list(argv))
+    setup_logging()
+    for path in args.inputs:
+        if not Path(path).is_file():
+            raise AnalysisFileError(f"Analysis file {path} does not exist; pass the .pkl files to merge.")
+    with exclusive(args.output):
+        merged = merge_files(args.output, args.inputs)
+    variants = sum(len(curve) for curve in merged.values())
+    print(f"merged {len(args.inputs)} file(s): {len(merged)} param(s), {variants} (param, ratio) pair(s) -> "
+          f"{args.output} (+ {sidecar_path(args.output).name}); run.py report {args.output} draws it")  # fmt: skip
+    return EXIT_OK
+
+
+def deps_main(argv: Sequence[str]) -> int:
+    """``run.py deps``: print and export the channel dependency sets and the convs that cannot be pruned."""
+    args = build_deps_parser().parse_args(list(argv))
+    setup_logging()
+    config = load_config(args.config_path, args.overrides)
+    g = config.Global
+    model = build_model(g)
+    example_input = torch.zeros(1, 3, g.img_size, g.img_size)
+    sets = dependency_sets(model, example_input)
+    unsafe = not_safe_to_prune(model, example_input)
+    assert config.SensitivityAnalysis.analysis_file is not None
+    output = Path(args.output or Path(config.SensitivityAnalysis.analysis_file).with_name("dependencies.csv"))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(output, dependency_csv(sets))
+    for number, members in enumerate(sets, start=1):
+        print(f"Set {number}: {', '.join(members)}")
+    for name, reason in unsafe.items():
+        print(f"not prunable: {name}: {reason}")
+    print(f"{len(sets)} dependency set(s) over {sum(map(len, sets))} conv(s); CSV: {output}")
+    return EXIT_OK
+
+
+SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "report": report_main,
+    "deps": deps_main,
+    "merge": merge_main,
+}

@@ -1,0 +1,180 @@
+"""Python API mirroring PaddleSlim's ``analysis_prune``, for models and data you already have in memory."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from analysis.config import (
+    CRITERIA,
+    ENGINES,
+    GROUP_REDUCTIONS,
+    METRIC_MODES,
+    METRICS,
+    check_choice,
+    check_granularity,
+    normalise_ratios,
+)
+from analysis.engine._early_stop import early_stop_from
+from analysis.engine.evaluate import evaluate
+from analysis.engine.reference import EngineSettings
+from analysis.engine.run import run_analysis
+from analysis.errors import ConfigError
+from analysis.io._fingerprint import json_fingerprint
+from analysis.planning.ratios import explain_target_loss
+
+logger = logging.getLogger(__name__)
+
+Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
+EvalFunction = Callable[[nn.Module], float]
+
+
+def analysis_prune(
+    model: nn.Module,
+    data: Batches | EvalFunction,
+    analysis_file: str | Path,
+    pruned_ratios: Sequence[float] = (0.1, 0.2, 0.3, 0.4),
+    target_loss: float | None = None,
+    criterion: str = "l1_norm",
+    prune_params: Sequence[str] | None = None,
+    metric: str = "top1",
+    example_input: torch.Tensor | None = None,
+    group_reduction: str = "self",
+    metric_mode: str = "relative",
+    overwrite: bool = False,
+    progress: bool | None = None,
+    engine: str = "fast",
+    precision: float | None = None,
+    seed: int = 0,
+    granularity: str = "filter",
+    early_stop_mode: str | None = None,
+    early_stop_value: float | None = None,
+    round_to: int = 1,
+    adaptive_bn: bool = False,
+    calibration: Batches | None = None,
+) -> dict[str, float]:
+    """Filter-pruning sensitivity of every prunable conv of ``model``; writes the same files as ``run.py``.
+
+    Args:
+        model: The classifier, analysed in eval mode on the device its parameters are on; its weights and its
+            modules' training flags are as before afterwards.
+        data: Either an iterable of ``(images, labels)`` batches (re-iterated for every variant, e.g. a
+            DataLoader or a list), or ``eval_function(model) -> float`` returning a score where higher is better.
+        analysis_file: The pickle to write; an existing one is resumed (same model, data and settings only).
+        pruned_ratios: Fractions of filters to remove, each strictly between 0 and 1.
+        target_loss: If given, derive per-layer ratios keeping each layer's relative loss under it.
+        criterion: ``l1_norm``, ``l2_norm``, ``geometry_median`` or ``bn_scale``.
+        prune_params: Conv weights to analyse (PyTorch parameter names); default all prunable ones.
+        metric: ``top1``, ``top5`` or ``ce`` for batches; ignored for an eval function (its score is used).
+        example_input: An input batch for tracing; required with an eval function, else the first batch is used.
+        group_reduction: ``self`` ranks channels on the conv alone (PaddleSlim); ``mean`` on its whole group.
+        metric_mode: ``relative`` loss (PaddleSlim) or ``absolute`` difference.
+        overwrite: Replace an existing analysis file instead of resuming it.
+        progress: Show progress bars (default: only on a terminal).
+        engine: ``fast`` (default; needs batches, same numbers) or ``reference`` (one full pass per variant).
+        precision: Adaptive precision (fast engine, batches only): evaluate each variant on a random order of the
+            images (seeded by ``seed``) and stop once its loss is known within +-precision at 95% confidence.
+        seed: Seed of that order.
+        granularity: ``filter`` (remove conv filters with their group) or ``element`` (zero the smallest-magnitude
+            elements of each 2D/4D weight, linear layers included; ``prune_params`` then names any such weight).
+        early_stop_mode: ``minimize``, ``maximize``, ``dropped`` or ``raised`` (NNI's modes, on the raw metric): the
+            ratio that trips it is recorded and the param's larger ratios are skipped.
+        early_stop_value: The threshold or allowed change for ``early_stop_mode``.
+        round_to: Keep a multiple of this many channels in every pruned group (1: any count).
+        adaptive_bn: Re-estimate the BatchNorm statistics the removal changes on ``calibration`` before evaluating
+            each variant (EagleEye's adaptive BN).
+        calibration: Batches of calibration images (``(images, labels)``, labels unused), e.g. training images;
+            needed by ``adaptive_bn``.
+
+    Returns:
+        ``{param name: ratio}`` derived with ``target_loss`` (PaddleSlim's rule), or ``{}`` without one.
+
+    Raises:
+        ConfigError: For invalid arguments (unknown criterion or metric, ratios outside (0, 1), unknown params).
+    """
+    ratios = normalise_ratios(pruned_ratios, "pruned_ratios")
+    check_choice("criterion", criterion, CRITERIA)
+    check_choice("group_reduction", group_reduction, GROUP_REDUCTIONS)
+    check_choice("metric_mode", metric_mode, METRIC_MODES)
+    check_choice("engine", engine, ENGINES)
+    check_granularity(granularity, criterion)
+    early_stop = early_stop_from(early_stop_mode, early_stop_value)
+    if not isinstance(round_to, int) or round_to < 1:
+        raise ConfigError(f"round_to must be a positive integer (1 = no rounding), got {round_to!r}.")
+    if adaptive_bn and calibration is None:
+        raise ConfigError("adaptive_bn=True needs calibration batches: pass calibration=<batches of training images>.")
+    if precision is not None and not (0.0 < precision < 1.0 and engine == "fast"):
+        raise ConfigError(f"precision must be between 0 and 1 and needs engine='fast', got {precision} with {engine}.")
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    if callable(data):
+        if example_input is None:
+            raise ConfigError("example_input is required when data is an eval function (it is used for tracing).")
+        evaluate_model, metric, fingerprint, batches = _function_evaluator(data), "score", None, None
+    else:
+        check_choice("metric", metric, METRICS)
+        batches = data
+
+        def evaluate_model(candidate: nn.Module) -> dict[str, float]:
+            return evaluate(candidate, batches, device=device, progress=progress).metrics()
+
+        first = next(iter(batches), None)
+        if first is None:
+            raise ConfigError("data yields no batches; pass a non-empty iterable of (images, labels).")
+        first_images, first_labels = first
+        example_input = first_images if example_input is None else example_input
+        fingerprint = _batch_fingerprint(first_images, first_labels)
+    settings = EngineSettings(
+        ratios, criterion, group_reduction, metric, metric_mode, progress, engine, precision, seed, granularity,
+        early_stop, round_to, adaptive_bn,
+    )  # fmt: skip
+    calibration_fingerprint = None
+    if adaptive_bn:
+        assert calibration is not None
+        first_calibration = next(iter(calibration), None)
+        if first_calibration is None:
+            raise ConfigError("calibration yields no batches; pass a non-empty iterable of (images, labels).")
+        if isinstance(first_calibration, torch.Tensor):
+            first_calibration = (first_calibration, None)
+        calibration_fingerprint = _batch_fingerprint(*first_calibration[:2])
+    outcome = run_analysis(
+        model,
+        evaluate_model,
+        example_input.to(device),
+        analysis_file,
+        settings,
+        prune_params=prune_params,
+        target_loss=target_loss,
+        data_fingerprint=fingerprint,
+        config={"api": "analysis_prune", "pruned_ratios": ratios, "criterion": criterion, "metric": metric},
+        overwrite=overwrite,
+        batches=batches,
+        names_key="prune_params",
+        skip_key="skip_params",
+        calibration=calibration if adaptive_bn else None,
+        calibration_fingerprint=calibration_fingerprint,
+    )
+    if target_loss is not None and outcome.ratios_file is not None:
+        logger.info("%s Ratios: %s", explain_target_loss(target_loss), outcome.ratios_file)
+    return outcome.ratios
+
+
+def _function_evaluator(function: EvalFunction) -> Callable[[nn.Module], dict[str, float]]:
+    def evaluate_model(candidate: nn.Module) -> dict[str, float]:
+        with torch.inference_mode():
+            score = function(candidate)
+        return {"score": float(score)}
+
+    return evaluate_model
+
+
+def _batch_fingerprint(images: torch.Tensor, labels: torch.Tensor | None) -> str:
+    """Identify in-memory data by its first batch (cheap, and enough to catch resuming on other data)."""
+    return json_fingerprint(
+        {"images": hashlib.sha256(images.detach().cpu().contiguous().numpy().tobytes()).hexdigest(),
+         "labels": None if labels is None else labels.tolist(), "shape": list(images.shape)}
+    )  # fmt: skip

@@ -1,0 +1,376 @@
+"""The fast engine: same variants and numbers as the reference engine, far fewer computations.
+
+Per batch, the unmodified model runs once (as a torch.fx graph) just far enough to produce every analysed param's
+frontier; each (param, ratio) variant then runs only the part of the graph its removal can change (see
+:mod:`analysis.engine._partition`). Params are processed in chunks of a few minutes of work, each chunk one pass over
+the
+(cached) data, and every chunk's results are saved before the next starts. Before that, every param's split is
+run on a few images and compared with a full masked forward pass; a param whose logits are not bit-identical
+(the graph split would not reproduce eager execution) is evaluated by the reference path instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch_pruning as tp
+from torch import nn
+from tqdm.auto import tqdm
+
+from analysis.engine._adaptive import PairedEstimate, per_sample
+from analysis.engine._partition import GraphRunner, Schedule, SuffixPlan, UntraceableModel
+from analysis.engine.batchnorm import Estimation, batch_images, count_images
+from analysis.engine.evaluate import MetricSums
+from analysis.engine.reference import (
+    LOWER_IS_BETTER,
+    EngineReport,
+    EngineSettings,
+    Evaluator,
+    Prepared,
+    SensitivityEngine,
+    check_baseline,
+    check_finite,
+    format_metrics,
+)
+from analysis.io._store import AnalysisStore
+from analysis.structure.groups import PrunableParam
+from analysis.structure.masking import zeroed
+
+logger = logging.getLogger(__name__)
+
+CHUNK_SECONDS = 300.0  # estimated work per pass over the data; results are saved after each pass
+
+
+@dataclass
+class Variant:
+    """One (param, ratio) in flight: the slices to zero, the metric sums gathered over batches and, with adaptive
+    precision, the running paired estimate of its loss; with adaptive BN, its re-estimated BatchNorm statistics."""
+
+    ratio: float
+    slices: list[tuple[torch.Tensor, Any]]
+    sums: MetricSums = field(default_factory=MetricSums)
+    estimate: PairedEstimate | None = None
+    done: bool = False
+    batchnorm: Estimation | None = None
+
+
+@dataclass
+class Job:
+    """A prepared param with its suffix plan and its pending variants."""
+
+    prepared: Prepared
+    plan: SuffixPlan
+    variants: list[Variant]
+
+
+class FastSensitivityEngine(SensitivityEngine):
+    """Evaluates variants on graph suffixes; needs the data as re-iterable ``(images, labels)`` batches."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        evaluate: Evaluator,
+        example_input: torch.Tensor,
+        graph: tp.DependencyGraph,
+        settings: EngineSettings,
+        store: AnalysisStore,
+        batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+        calibration: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> None:
+        super().__init__(model, evaluate, example_input, graph, settings, store, calibration)
+        self.batches = batches
+        self.runner: GraphRunner | None = None
+        self.order = torch.empty(0, dtype=torch.long)  # adaptive precision: the random order of the images
+        self.per_image: dict[str, torch.Tensor] = {}  # adaptive precision: baseline top1/top5/ce of every image
+
+    def run(self, params: Sequence[PrunableParam]) -> EngineReport:
+        """Like :meth:`SensitivityEngine.run`; falls back to it for a model torch.fx cannot trace."""
+        try:
+            self.runner = GraphRunner(self.model)
+        except UntraceableModel as error:
+            logger.info("torch.fx cannot trace this model (%s); using the reference engine.", error)
+            return super().run(params)
+        return super().run(params)
+
+    def _baseline(self) -> dict:
+        """With adaptive precision: one pass over the whole set in the seeded random order the variants will use,
+        keeping every image's baseline top1/top5/ce for the paired differences (the stored baseline is not reused,
+        it lacks them). Otherwise the reference engine's baseline."""
+        if self.settings.precision is None:
+            return super()._baseline()
+        start = time.perf_counter()
+        images_total = count_images(self.batches)
+        self.order = torch.randperm(images_total, generator=torch.Generator().manual_seed(self.settings.seed))
+        self.per_image = {key: torch.empty(images_total, dtype=torch.float64) for key in ("top1", "top5", "ce")}
+        sums = MetricSums()
+        with torch.inference_mode():
+            for images, labels, index in ordered_batches(self.batches, self.order):
+                logits = self.model(images)
+                sums.add(logits, labels)
+                for key, values in per_sample(logits, labels).items():
+                    self.per_image[key][index] = values
+        metrics = {**sums.result().metrics(), "seconds": round(time.perf_counter() - start, 3)}
+        check_finite(metrics, "baseline model")
+        check_baseline(metrics[self.settings.metric], self.settings.metric, self.settings.metric_mode)
+        self.store.set_baseline(metrics)
+        logger.info("Baseline: %s (adaptive precision +-%g)", format_metrics(metrics), self.settings.precision)
+        return metrics
+
+    def _run_params(self, params: Sequence[PrunableParam], pending: dict[str, list[float]], baseline: dict,
+                    report: EngineReport, bar: tqdm) -> None:  # fmt: skip
+        if self.runner is None:
+            super()._run_params(params, pending, baseline, report, bar)
+            return
+        self.runner.profile(self.check_input, repeats=1)
+        jobs: list[Job] = []
+        for param in params:
+            ratios = [r for r in pending[param.name] if not self.store.has(param.name, r)]
+            bar.update(len(pending[param.name]) - len(ratios))  # units filled in by a coupled param
+            if not ratios:
+                continue
+            prepared = self._prepare(param, ratios, report, bar)
+            if prepared is None:
+                continue
+            job = self._job(prepared, ratios, baseline, report, bar)
+            if job is not None:
+                jobs.append(job)
+        if self.settings.early_stop is None:
+            for chunk in self._chunks(jobs, float(baseline.get("seconds", 1.0))):
+                self._run_chunk(chunk, baseline, report, bar)
+            return
+        self._run_in_stages(jobs, baseline, report, bar)
+
+    def _run_in_stages(self, jobs: list[Job], baseline: dict, report: EngineReport, bar: tqdm) -> None:
+        """With early stop: pass ``k`` evaluates every param's ``k``-th ratio, so a param that stops is not
+        evaluated at its larger ratios (one walk of the unpruned prefix per stage instead of one in all)."""
+        active = [job for job in jobs if job.variants]
+        stage = 0
+        while active:
+            staged = [Job(job.prepared, job.plan, [job.variants[stage]]) for job in active]
+            for chunk in self._chunks(staged, float(baseline.get("seconds", 1.0))):
+                self._run_chunk(chunk, baseline, report, bar)
+            stage += 1
+            still = []
+            for job in active:
+                remaining = len(job.variants) - stage
+                if remaining and self.stop_ratio(job.prepared.param.name) is not None:
+                    bar.update(remaining)  # skipped by the early stop
+                elif remaining:
+                    still.append(job)
+            active = still
+
+    def _job(self, prepared: Prepared, ratios: Sequence[float], baseline: dict, report: EngineReport,
+             bar: tqdm) -> Job | None:  # fmt: skip
+        """Plan a masked param's suffix; physical params and variants removing nothing are done right away."""
+        assert self.runner is not None
+        if prepared.mode == "physical":
+            self._evaluate_ratios(prepared, ratios, baseline, report, bar)
+            return None
+        plan = self.runner.plan(*self.changed_layers(prepared))
+        if plan is None or not self.runner.runs_all(plan, prepared.batchnorms):
+            self._evaluate_ratios(prepared, ratios, baseline, report, bar)
+            return None
+        variants: list[Variant] = []
+        for position, ratio in enumerate(ratios):
+            if not prepared.removal[ratio]:  # removes nothing: the baseline's metrics
+                unchanged = {k: v for k, v in baseline.items() if k != "seconds"}
+                if self._record(prepared, ratio, unchanged, baseline, 0.0, report, bar):
+                    bar.update(len(ratios) - position - 1)
+                    return None
+                continue
+            variants.append(
+                Variant(
+                    ratio,
+                    self.variant_slices(prepared, ratio),
+                    estimate=self._new_estimate(baseline),
+                    batchnorm=Estimation(prepared.batchnorms) if self.settings.adaptive_bn else None,
+                )
+            )
+        checked = next((v for v in variants if prepared.removal[v.ratio] == prepared.check.channels), None)
+        if checked is not None and not self._split_matches_eager(plan, checked, prepared):
+            logger.info("%s: the graph split differs from eager execution; using the reference path for it.",
+                        prepared.param.name)  # fmt: skip
+            self._evaluate_ratios(prepared, [v.ratio for v in variants], baseline, report, bar)
+            return None
+        return Job(prepared, plan, variants) if variants else None
+
+    def _new_estimate(self, baseline: dict) -> PairedEstimate | None:
+        if self.settings.precision is None:
+            return None
+        metric = self.settings.metric
+        return PairedEstimate(
+            population=len(self.order),
+            baseline=float(baseline[metric]),
+            relative=self.settings.metric_mode == "relative",
+            discrete=metric != "ce",
+        )
+
+    def _split_matches_eager(self, plan: SuffixPlan, variant: Variant, prepared: Prepared) -> bool:
+        """Whether the suffix run gives bit-identical logits to the full masked forward pass of the mode check."""
+        assert self.runner is not None and prepared.check.masked_logits is not None
+        runner, logits = self.runner, {}
+
+        def visit(plan: SuffixPlan, frontier: dict) -> None:
+            with zeroed(variant.slices):
+                logits["suffix"] = runner.run_suffix(plan, frontier)
+
+        with torch.inference_mode():
+            runner.walk(self.check_input, runner.schedule([plan]), visit)
+        return torch.equal(logits["suffix"], prepared.check.masked_logits)
+
+    def _evaluate_ratios(self, prepared: Prepared, ratios: Sequence[float], baseline: dict, report: EngineReport,
+                         bar: tqdm) -> None:  # fmt: skip
+        """The reference path for one prepared param (physical mode, or a split that did not reproduce eager)."""
+        for ratio in sorted(ratios):
+            if self.store.has(prepared.param.name, ratio):
+                continue
+            start = time.perf_counter()
+            metrics = self._evaluate_variant(prepared, ratio)
+            if self._record(prepared, ratio, metrics, baseline, time.perf_counter() - start, report, bar):
+                bar.update(sum(not self.store.has(prepared.param.name, r) for r in ratios if r > ratio))
+                return
+
+    def _chunks(self, jobs: list[Job], baseline_seconds: float) -> list[list[Job]]:
+        """Group jobs (in model order) so that each pass over the data is about ``CHUNK_SECONDS`` of work."""
+        assert self.runner is not None
+        total = sum(self.runner.node_cost.values()) or 1.0
+        chunks: list[list[Job]] = [[]]
+        estimate = 0.0
+        for job in jobs:
+            cost = baseline_seconds * len(job.variants) * job.plan.cost / total
+            if chunks[-1] and estimate + cost > CHUNK_SECONDS:
+                chunks.append([])
+                estimate = 0.0
+            chunks[-1].append(job)
+            estimate += cost
+        return [chunk for chunk in chunks if chunk]
+
+    def _run_chunk(self, chunk: list[Job], baseline: dict, report: EngineReport, bar: tqdm) -> None:
+        """One pass over the data for a chunk of jobs: walk each batch once, run every variant's suffix on it.
+
+        With adaptive precision the pass follows the baseline's random order and a variant stops as soon as its
+        loss is precise enough; the pass ends when every variant of the chunk has stopped.
+        """
+        assert self.runner is not None
+        schedule = self.runner.schedule([job.plan for job in chunk])
+        start = time.perf_counter()
+        if self.settings.adaptive_bn:
+            self._calibrate(chunk, schedule)
+        self._evaluate_chunk(chunk, schedule)
+        seconds = time.perf_counter() - start
+        variants = sum(len(job.variants) for job in chunk)
+        for job in chunk:
+            for position, variant in enumerate(job.variants):  # in increasing ratio order
+                metrics = variant.sums.result().metrics()
+                estimate = None
+                if variant.estimate is not None:
+                    low, high = variant.estimate.interval()
+                    estimate = {"loss": variant.estimate.loss(), "interval": [low, high],
+                                "samples": variant.estimate.count, "precision": self.settings.precision}  # fmt: skip
+                seconds_each = seconds / variants
+                if self._record(job.prepared, variant.ratio, metrics, baseline, seconds_each, report, bar, estimate):
+                    bar.update(len(job.variants) - position - 1)  # early stop: the larger ratios are dropped
+                    break
+        logger.debug("Chunk of %d conv(s): %d variants in %.1f s.", len(chunk), variants, seconds)
+
+    def _calibrate(self, chunk: list[Job], schedule: Schedule) -> None:
+        """Adaptive BN: one pass over the calibration batches re-estimates the affected BatchNorm statistics of every
+        variant of the chunk; per batch the unpruned prefix runs once and each variant's suffix once, in train mode
+        for its affected layers only (they all lie in its suffix), from where its previous batch left them."""
+        assert self.runner is not None and self.calibration is not None
+        runner, by_plan = self.runner, {id(job.plan): job for job in chunk}
+        disable = self._progress_disabled()
+        total = getattr(self.calibration, "num_samples", None)
+        with tqdm(total=total, desc="calibrate", unit="img", disable=disable, leave=False) as inner:
+            for batch in self.calibration:
+                images = batch_images(batch).to(self.device, non_blocking=True)
+
+                def visit(plan: SuffixPlan, frontier: dict, count: int = len(images)) -> None:
+                    for variant in by_plan[id(plan)].variants:
+                        assert variant.batchnorm is not None
+                        with zeroed(variant.slices), variant.batchnorm.step(count):
+                            runner.run_suffix(plan, frontier)
+
+                with torch.no_grad():
+                    runner.walk(images, schedule, visit)
+                inner.update(len(images))
+
+    def _evaluate_chunk(self, chunk: list[Job], schedule: Schedule) -> None:
+        """The evaluation pass of :meth:`_run_chunk` (each variant's re-estimated statistics loaded, with adaptive
+        BN)."""
+        assert self.runner is not None
+        runner = self.runner
+        by_plan = {id(job.plan): job for job in chunk}
+        active = list(chunk)
+        disable = self._progress_disabled()
+        adaptive = self.settings.precision is not None
+        total = len(self.order) if adaptive else getattr(self.batches, "num_samples", None)
+        with tqdm(total=total, desc=f"{len(chunk)} conv(s)", unit="img", disable=disable, leave=False) as inner:
+            for images, labels, index in self._batches():
+
+                def visit(plan: SuffixPlan, frontier: dict, labels: torch.Tensor = labels,
+                          index: torch.Tensor | None = index) -> None:  # fmt: skip
+                    for variant in by_plan[id(plan)].variants:
+                        if variant.done:
+                            continue
+                        statistics = variant.batchnorm.applied() if variant.batchnorm else contextlib.nullcontext()
+                        with zeroed(variant.slices), statistics:
+                            logits = runner.run_suffix(plan, frontier)
+                        variant.sums.add(logits, labels)
+                        if variant.estimate is not None and index is not None:
+                            variant.estimate.add(self._worse_by(logits, labels, index))
+
+                with torch.inference_mode():
+                    runner.walk(images, schedule, visit)
+                inner.update(int(labels.numel()))
+                if adaptive:
+                    for job in active:
+                        for variant in job.variants:
+                            assert variant.estimate is not None and self.settings.precision is not None
+                            variant.done = variant.done or variant.estimate.precise_enough(self.settings.precision)
+                    still = [job for job in active if not all(v.done for v in job.variants)]
+                    if not still:
+                        break
+                    if len(still) < len(active):
+                        active = still
+                        schedule = runner.schedule([job.plan for job in active])
+
+    def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """The data for one pass: in order, or in the baseline's random order (with image indices) for precision."""
+        if self.settings.precision is not None:
+            yield from ordered_batches(self.batches, self.order)
+            return
+        for images, labels in self.batches:
+            yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True), None
+
+    def _worse_by(self, logits: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Per-image difference to the baseline on the same images, positive when the variant is worse."""
+        metric = self.settings.metric
+        variant = per_sample(logits, labels)[metric]
+        reference = self.per_image[metric][index]
+        return variant - reference if metric in LOWER_IS_BETTER else reference - variant
+
+
+def ordered_batches(
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]], order: torch.Tensor
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Batches of the images at ``order`` with their indices: from an :class:`~analysis.inputs.data.EvalLoader`
+    directly,
+    from any other iterable of batches by collecting them in memory first (same batch size as its first batch)."""
+    in_order = getattr(batches, "in_order", None)
+    if in_order is not None:
+        yield from in_order(order.tolist())
+        return
+    pairs = list(batches)
+    images = torch.cat([images for images, _ in pairs])
+    labels = torch.cat([labels for _, labels in pairs])
+    size = len(pairs[0][1])
+    for start in range(0, len(order), size):
+        index = order[start : start + size]
+        yield images[index], labels[index], index

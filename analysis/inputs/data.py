@@ -1,0 +1,468 @@
+"""ImageNet-style evaluation data: both common layouts, torchvision's eval preprocessing, a device-side loader.
+
+Layouts (detected in this order):
+
+* PaddleSlim: ``data_dir/val_list.txt`` with lines ``relative/path.JPEG <label>`` (paths relative to data_dir).
+* torchvision ImageFolder: ``data_dir/val/<class>/<image>``, classes sorted by name (torchvision's own rules).
+
+Each image is decoded with Pillow, its short side resized to ``resize_size``, center-cropped to ``img_size`` and
+kept as uint8 CHW; batches are normalised on the target device. This is exactly the eval preset torchvision's
+reference scripts use for its pretrained weights, and uint8 batches keep host-to-device copies four times smaller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch.utils.data import DataLoader, Dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms.functional import convert_image_dtype
+from torchvision.transforms.v2 import functional as TF
+from tqdm.auto import tqdm
+
+from analysis.cli._logs import progress_disabled
+from analysis.config import GlobalConfig
+from analysis.errors import DataError
+from analysis.io._fingerprint import json_fingerprint
+
+logger = logging.getLogger(__name__)
+
+INTERPOLATION_MODES = {
+    "bilinear": InterpolationMode.BILINEAR,
+    "bicubic": InterpolationMode.BICUBIC,
+    "lanczos": InterpolationMode.LANCZOS,
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One evaluation image: its file, its label, and where it was listed (for error messages)."""
+
+    path: str
+    label: int
+    source: str
+
+
+@dataclass(frozen=True)
+class ReadFailure:
+    """An image that could not be decoded; travels from a loader worker to the main process as a value."""
+
+    source: str
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """Eval preprocessing settings (resize short side, center crop, normalise)."""
+
+    img_size: int = 224
+    resize_size: int = 256
+    interpolation: str = "bilinear"
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+    @classmethod
+    def from_config(cls, cfg: GlobalConfig) -> Preprocess:
+        """Build from the ``Global`` block."""
+        return cls(cfg.img_size, cfg.resize_size, cfg.interpolation, tuple(cfg.mean), tuple(cfg.std))
+
+
+def find_samples(data_dir: str | Path, val_list: str = "val_list.txt") -> tuple[list[Sample], str]:
+    """List the evaluation samples of ``data_dir`` in a deterministic order.
+
+    Returns:
+        The samples and a short description of the layout that was found.
+
+    Raises:
+        DataError: If the folder is missing, neither layout is present, a list line is malformed, or a listed
+            image does not exist.
+    """
+    root = Path(data_dir)
+    if not root.is_dir():
+        raise DataError(f"Global.data_dir {root} does not exist or is not a folder.")
+    list_path = Path(val_list) if Path(val_list).is_absolute() else root / val_list
+    if list_path.is_file():
+        samples = read_sample_list(root, list_path)
+        layout = f"PaddleSlim list {list_path}"
+    elif (root / "val").is_dir() and has_subfolders(root / "val"):
+        samples = scan_image_folder(root / "val")
+        layout = f"ImageFolder {root / 'val'}"
+    else:
+        hint = " (it contains class folders: set data_dir to its parent)" if _looks_like_class_root(root) else ""
+        raise DataError(
+            f"Global.data_dir {root} has neither {list_path.name} (PaddleSlim layout) nor val/<class>/ folders "
+            f"(ImageFolder layout){hint}."
+        )
+    if not samples:
+        raise DataError(f"No images found in {layout}; check Global.data_dir and Global.val_list.")
+    check_files_exist(samples)
+    return samples, layout
+
+
+def read_sample_list(root: Path, list_path: Path, key: str = "Global.val_list") -> list[Sample]:
+    """Parse a PaddleSlim list file (``relative/path label`` lines, paths relative to ``root``) in file order.
+
+    Blank lines and ``#`` comments are skipped; ``key`` names the list in the message when it cannot be read.
+
+    Raises:
+        DataError: If the file cannot be read as UTF-8 text or a line is malformed (naming the file and line).
+    """
+    try:
+        lines = list_path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"{key} {list_path} is not UTF-8 text (byte offset {error.start}); "
+            "it must hold '<relative/path> <integer label>' lines."
+        ) from None
+    except OSError as error:
+        raise DataError(f"{key} {list_path} cannot be read ({error.strerror or error}); check the file.") from None
+    samples = []
+    for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        parts = text.rsplit(maxsplit=1)
+        where = f"{list_path} line {number}"
+        if len(parts) != 2:
+            raise DataError(f"{where}: '{text}' has no label; each line must be '<relative/path> <integer label>'.")
+        try:
+            label = int(parts[1])
+        except ValueError:
+            raise DataError(
+                f"{where}: label '{parts[1]}' is not an integer; each line must be '<relative/path> <integer label>'."
+            ) from None
+        samples.append(Sample(str(root / parts[0]), label, where))
+    return samples
+
+
+def scan_image_folder(folder: Path) -> list[Sample]:
+    """List the images of an ImageFolder root (``folder/<class>/<image>``, classes sorted, torchvision's rules)."""
+    classes, class_to_idx = find_classes(str(folder))
+    pairs = make_dataset(str(folder), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+    logger.debug("ImageFolder %s: %d classes", folder, len(classes))
+    return [Sample(path, label, f"{folder} (class '{classes[label]}')") for path, label in pairs]
+
+
+def has_subfolders(folder: Path) -> bool:
+    """Whether ``folder`` holds at least one folder (e.g. the class folders of an ImageFolder root)."""
+    return any(entry.is_dir() for entry in os.scandir(folder))
+
+
+def _looks_like_class_root(folder: Path) -> bool:
+    return has_subfolders(folder) and not (folder / "val").exists()
+
+
+def check_files_exist(samples: Sequence[Sample]) -> None:
+    """Raise a :class:`DataError` naming the first listed image that does not exist (and how many are missing)."""
+    missing = [s for s in samples if not os.path.isfile(s.path)]
+    if missing:
+        first = missing[0]
+        more = f" ({len(missing)} listed images are missing in total)" if len(missing) > 1 else ""
+        raise DataError(f"{first.source}: image {first.path} does not exist{more}.")
+
+
+def select_subset(samples: Sequence[Sample], max_samples: int | None, seed: int) -> list[Sample]:
+    """Pick a fixed, seeded, class-balanced subset of at most ``max_samples``, kept in the original order.
+
+    Classes take turns (each in its own seeded random order) until the budget is spent, so every class gets
+    ``max_samples // classes`` images or all it has.
+    """
+    return [samples[i] for i in subset_indices(samples, max_samples, seed)]
+
+
+def subset_indices(samples: Sequence[Sample], max_samples: int | None, seed: int) -> list[int]:
+    """The positions of :func:`select_subset`'s choice in ``samples``, ascending."""
+    if max_samples is None or max_samples >= len(samples):
+        return list(range(len(samples)))
+    by_class: dict[int, list[int]] = defaultdict(list)
+    for index, sample in enumerate(samples):
+        by_class[sample.label].append(index)
+    generator = torch.Generator().manual_seed(seed)
+    queues = []
+    for label in sorted(by_class):
+        indices = by_class[label]
+        order = torch.randperm(len(indices), generator=generator).tolist()
+        queues.append([indices[i] for i in order])
+    chosen: list[int] = []
+    depth = 0
+    while len(chosen) < max_samples:
+        for queue in queues:
+            if depth < len(queue) and len(chosen) < max_samples:
+                chosen.append(queue[depth])
+        depth += 1
+    return sorted(chosen)
+
+
+def load_image(path: str, preprocess: Preprocess) -> torch.Tensor:
+    """Decode one image to a uint8 CHW tensor: RGB, short side resized, center-cropped."""
+    with Image.open(path) as image:
+        rgb = image.convert("RGB")
+    resized = TF.resize(rgb, [preprocess.resize_size], interpolation=INTERPOLATION_MODES[preprocess.interpolation])
+    return TF.pil_to_tensor(TF.center_crop(resized, [preprocess.img_size]))
+
+
+def normalize_batch(images: torch.Tensor, preprocess: Preprocess) -> torch.Tensor:
+    """Convert uint8 (N, 3, H, W) images to normalised float32, bit-identical to torchvision's weights.transforms()."""
+    floats = convert_image_dtype(images, torch.float32)
+    return TF.normalize(floats, list(preprocess.mean), list(preprocess.std))
+
+
+class ImageListDataset(Dataset):
+    """Decodes the listed images; a decode failure is returned as a :class:`ReadFailure`, not raised.
+
+    Returning failures as values lets the main process raise one clean :class:`DataError` that names the file,
+    instead of the multi-line worker traceback DataLoader would otherwise re-raise.
+    """
+
+    def __init__(self, samples: Sequence[Sample], preprocess: Preprocess) -> None:
+        self.samples = list(samples)
+        self.preprocess = preprocess
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor | ReadFailure, int]:
+        sample = self.samples[index]
+        try:
+            return load_image(sample.path, self.preprocess), sample.label
+        except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as error:
+            return ReadFailure(sample.source, sample.path, str(error) or type(error).__name__), sample.label
+
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class CollateImages:
+    """Stack uint8 images and labels (normalising them when ``preprocess`` is given), or pass on a read failure.
+
+    On a CPU-only run with loader workers, normalising here overlaps it with the forward pass in the main process;
+    with a GPU the uint8 batch is copied (four times smaller) and normalised on the device instead.
+    """
+
+    preprocess: Preprocess | None = None
+
+    def __call__(self, items: list[tuple[torch.Tensor | ReadFailure, int]]) -> Batch | ReadFailure:
+        for image, _ in items:
+            if isinstance(image, ReadFailure):
+                return image
+        images = torch.stack([image for image, _ in items])  # type: ignore[misc]
+        labels = torch.tensor([label for _, label in items], dtype=torch.long)
+        if self.preprocess is not None:
+            images = normalize_batch(images, self.preprocess)
+        return images, labels
+
+
+class EvalLoader:
+    """Iterates normalised float batches and labels on ``device``; reusable for many passes.
+
+    Attributes:
+        samples: The evaluated samples, in order.
+        layout: Human-readable description of where they came from.
+        num_classes: ``max(label) + 1`` over the samples.
+    """
+
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        layout: str,
+        preprocess: Preprocess,
+        batch_size: int,
+        num_workers: int,
+        device: torch.device,
+    ) -> None:
+        self.samples = list(samples)
+        self.layout = layout
+        self.preprocess = preprocess
+        self.device = device
+        self.num_classes = max(s.label for s in self.samples) + 1
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.cached: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.loader = self._data_loader(normalise_in_workers=device.type == "cpu" and num_workers > 0)
+
+    def _data_loader(self, normalise_in_workers: bool, persistent: bool = True) -> DataLoader:
+        return DataLoader(
+            ImageListDataset(self.samples, self.preprocess),
+            batch_size=self.batch_size,
+            shuffle=False,
+            num_workers=self.num_workers,
+            collate_fn=CollateImages(self.preprocess if normalise_in_workers else None),
+            pin_memory=self.device.type == "cuda",
+            persistent_workers=persistent and self.num_workers > 0,
+        )
+
+    @property
+    def num_samples(self) -> int:
+        """Number of images per pass."""
+        return len(self.samples)
+
+    @property
+    def cache_bytes(self) -> int:
+        """RAM the decoded uint8 images take when cached."""
+        return self.num_samples * 3 * self.preprocess.img_size**2
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.cached is not None:
+            yield from self._iter_cached()
+            return
+        for images, labels in self._raw_batches(self.loader):
+            images = images.to(self.device, non_blocking=True)
+            if images.dtype == torch.uint8:
+                images = normalize_batch(images, self.preprocess)
+            yield images, labels.to(self.device, non_blocking=True)
+
+    def _raw_batches(self, loader: DataLoader) -> Iterator[Batch]:
+        for batch in loader:
+            if isinstance(batch, ReadFailure):
+                raise DataError(f"{batch.source}: image {batch.path} cannot be decoded ({batch.reason}).")
+            yield batch
+
+    def _iter_cached(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        assert self.cached is not None
+        images, labels = self.cached
+        for start in range(0, len(images), self.batch_size):
+            batch = images[start : start + self.batch_size].to(self.device, non_blocking=True)
+            yield normalize_batch(batch, self.preprocess), labels[start : start + self.batch_size].to(self.device)
+
+    def in_order(self, order: Sequence[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Batches of the samples at ``order`` (a permutation, for adaptive precision), with their indices."""
+        order_tensor = torch.as_tensor(list(order), dtype=torch.long)
+        if self.cached is not None:
+            images, labels = self.cached
+            for start in range(0, len(order_tensor), self.batch_size):
+                index = order_tensor[start : start + self.batch_size]
+                batch = images[index].to(self.device, non_blocking=True)
+                yield normalize_batch(batch, self.preprocess), labels[index].to(self.device), index
+            return
+        subset = ImageListDataset([self.samples[i] for i in order_tensor.tolist()], self.preprocess)
+        loader = DataLoader(subset, self.batch_size, num_workers=self.num_workers, collate_fn=CollateImages())
+        starts = range(0, len(order_tensor), self.batch_size)
+        for start, (images, labels) in zip(starts, self._raw_batches(loader), strict=True):
+            batch = normalize_batch(images.to(self.device, non_blocking=True), self.preprocess)
+            yield batch, labels.to(self.device), order_tensor[start : start + self.batch_size]
+
+    def cache_in_memory(self, progress: bool | None = None) -> None:
+        """Decode every image once into one uint8 tensor in RAM; every later pass reads the same batches from it.
+
+        Batches are bit-identical to streamed ones (same order, same boundaries, same normalisation).
+        """
+        size = self.preprocess.img_size
+        images = torch.empty((self.num_samples, 3, size, size), dtype=torch.uint8)
+        labels = torch.empty(self.num_samples, dtype=torch.long)
+        disable = progress_disabled(progress)
+        position = 0
+        with tqdm(total=self.num_samples, desc="decode", unit="img", disable=disable, leave=False) as bar:
+            for batch_images, batch_labels in self._raw_batches(self._data_loader(False, persistent=False)):
+                count = len(batch_labels)
+                images[position : position + count] = batch_images
+                labels[position : position + count] = batch_labels
+                position += count
+                bar.update(count)
+        self.cached = (images, labels)
+
+    def subset(self, max_samples: int, seed: int) -> EvalLoader:
+        """A seeded, class-balanced subset of at most ``max_samples`` of these images (read from RAM when these are
+        cached, without decoding again)."""
+        indices = subset_indices(self.samples, max_samples, seed)
+        chosen = [self.samples[i] for i in indices]
+        layout = f"{self.layout} (class-balanced subset of {len(chosen)}, seed {seed})"
+        subset = EvalLoader(chosen, layout, self.preprocess, self.batch_size, self.num_workers, self.device)
+        if self.cached is not None:
+            index = torch.as_tensor(indices, dtype=torch.long)
+            subset.cached = (self.cached[0][index], self.cached[1][index])
+        return subset
+
+    def fingerprint(self) -> str:
+        """Identifies the evaluated images (paths relative to their list or folder, labels, order) and the
+        preprocessing, so that an analysis file is never resumed on other data."""
+        samples = [(s.path, s.label) for s in self.samples]
+        root = os.path.commonpath([s.path for s in self.samples]) if self.samples else ""
+        relative = [(os.path.relpath(path, root), label) for path, label in samples]
+        return json_fingerprint({"samples": relative, "preprocess": dataclasses.asdict(self.preprocess)})
+
+    def check_labels(self, num_outputs: int) -> None:
+        """Raise a :class:`DataError` naming the first label that the model's outputs cannot represent."""
+        for sample in self.samples:
+            if not 0 <= sample.label < num_outputs:
+                raise DataError(
+                    f"{sample.source}: label {sample.label} is outside the model's {num_outputs} classes "
+                    f"(valid labels are 0..{num_outputs - 1}, the data has labels up to {self.num_classes - 1}); "
+                    "check the labels or the model's num_classes."
+                )
+
+
+def default_num_workers() -> int:
+    """Loader processes to use when ``Global.num_workers`` is unset: one per available core, at most 8."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return min(8, cores)
+
+
+def build_eval_loader(cfg: GlobalConfig, device: torch.device) -> EvalLoader:
+    """Build the evaluation loader described by the ``Global`` block."""
+    assert cfg.data_dir is not None
+    samples, layout = find_samples(cfg.data_dir, cfg.val_list)
+    total = len(samples)
+    samples = select_subset(samples, cfg.max_samples, cfg.seed)
+    if len(samples) < total:
+        layout += f" (class-balanced subset of {len(samples)}/{total}, seed {cfg.seed})"
+    workers = default_num_workers() if cfg.num_workers is None else cfg.num_workers
+    return EvalLoader(samples, layout, Preprocess.from_config(cfg), cfg.batch_size, workers, device)
+
+
+def available_memory_bytes() -> int:
+    """Memory the system can give without swapping (Linux MemAvailable; elsewhere free physical pages)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def apply_data_cache(loader: EvalLoader, mode: str, max_gb: float | None, progress: bool | None = None) -> bool:
+    """Decode the images once into RAM when ``mode`` asks for it (``ram``) or they fit the budget (``auto``).
+
+    The budget is ``max_gb``, or half of the currently available memory when unset. Returns whether the loader now
+    reads from RAM; with ``auto`` and too little memory it keeps streaming and says so.
+    """
+    if mode == "off":
+        return False
+    budget = max_gb * 1024**3 if max_gb is not None else available_memory_bytes() / 2
+    needed = loader.cache_bytes
+    if mode == "auto" and needed > budget:
+        logger.info(
+            "Data cache off: the decoded images need %.2f GB, more than the %.2f GB budget (Global.cache_max_gb); "
+            "every pass decodes the images again.", needed / 1024**3, budget / 1024**3,
+        )  # fmt: skip
+        return False
+    if needed > budget:
+        logger.warning(
+            "Global.data_cache is ram: caching %.2f GB, above the %.2f GB budget.", needed / 1e9, budget / 1e9
+        )
+    start = time.perf_counter()
+    loader.cache_in_memory(progress)
+    logger.info(
+        "Decoded %d images once into RAM (%.2f GB) in %.1f s; later passes read them from there.",
+        loader.num_samples, needed / 1024**3, time.perf_counter() - start,
+    )  # fmt: skip
+    return True

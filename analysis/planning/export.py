@@ -1,0 +1,138 @@
+"""Export a pruned model three ways, and rebuild it from the safe two without unpickling code.
+
+- ``pruned_model.pt``: the whole pruned ``nn.Module``, pickled (``torch.save(model)``). Loading it runs
+  ``torch.load(path, weights_only=False)``, which executes code from the file and needs the model's classes
+  importable: convenient, but only for files you trust.
+- ``pruned_state_dict.pt``: the weights alone (``torch.load(..., weights_only=True)`` reads it safely).
+- ``pruned_channels.json``: the shape of every layer the pruning changed (conv, batch norm, linear, ...), so that
+  :func:`load_pruned` can shrink a freshly built dense model to the pruned architecture and load the weights.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from analysis.errors import ModelError
+from analysis.io.results import atomic_write_bytes, atomic_write_text
+
+MODEL_FILE = "pruned_model.pt"
+STATE_DICT_FILE = "pruned_state_dict.pt"
+CHANNELS_FILE = "pruned_channels.json"
+FORMAT_VERSION = 1
+
+
+def layer_shapes(model: nn.Module) -> dict[str, dict[str, Any]]:
+    """The size-defining attributes of every conv, linear and norm layer, by module name."""
+    shapes: dict[str, dict[str, Any]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.conv._ConvNd):
+            shapes[name] = {"type": type(module).__name__, "in_channels": module.in_channels,
+                            "out_channels": module.out_channels, "groups": module.groups}  # fmt: skip
+        elif isinstance(module, nn.Linear):
+            shapes[name] = {"type": "Linear", "in_features": module.in_features, "out_features": module.out_features}
+        elif isinstance(module, nn.modules.batchnorm._NormBase):
+            shapes[name] = {"type": type(module).__name__, "num_features": module.num_features}
+        elif isinstance(module, nn.GroupNorm):
+            shapes[name] = {"type": "GroupNorm", "num_channels": module.num_channels, "num_groups": module.num_groups}
+        elif isinstance(module, nn.LayerNorm):
+            shapes[name] = {"type": "LayerNorm", "normalized_shape": list(module.normalized_shape)}
+        elif isinstance(module, nn.PReLU):
+            shapes[name] = {"type": "PReLU", "num_parameters": module.num_parameters}
+    return shapes
+
+
+def export_pruned(
+    pruned: nn.Module, dense: nn.Module, export_dir: str | Path, extra: Mapping[str, Any] | None = None
+) -> dict[str, Path]:
+    """Write the three files of ``pruned`` to ``export_dir`` (atomically); the JSON lists the layers whose shape
+    differs from ``dense`` and carries ``extra`` (e.g. the plan). Returns the paths by kind."""
+    directory = Path(export_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    before, after = layer_shapes(dense), layer_shapes(pruned)
+    changed = {name: shape for name, shape in after.items() if before.get(name) != shape}
+    description = {"format": FORMAT_VERSION, "changed_layers": changed, **(extra or {})}
+    paths = {"model": directory / MODEL_FILE, "state_dict": directory / STATE_DICT_FILE,
+             "channels": directory / CHANNELS_FILE}  # fmt: skip
+    atomic_write_bytes(paths["model"], saved_bytes(pruned))
+    atomic_write_bytes(paths["state_dict"], saved_bytes(pruned.state_dict()))
+    atomic_write_text(paths["channels"], json.dumps(description, indent=1) + "\n")
+    return paths
+
+
+def saved_bytes(obj: Any) -> bytes:
+    """What ``torch.save(obj, file)`` writes, in memory."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def shrink_to(model: nn.Module, changed_layers: Mapping[str, Mapping[str, Any]]) -> nn.Module:
+    """Replace the layers of a dense ``model`` (in place) by empty layers of the sizes in ``changed_layers``.
+
+    Raises:
+        ModelError: If a listed layer is missing or of another type (the JSON belongs to another model).
+    """
+    for name, shape in changed_layers.items():
+        try:
+            old = model.get_submodule(name)
+        except AttributeError:
+            raise ModelError(f"{CHANNELS_FILE} lists layer '{name}', which this model does not have.") from None
+        if type(old).__name__ != shape.get("type"):
+            raise ModelError(f"{CHANNELS_FILE}: layer '{name}' is a {shape.get('type')} there, a "
+                             f"{type(old).__name__} in this model; build the model the plan was made for.")  # fmt: skip
+        new = _resized(old, shape)
+        parent_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
+    return model
+
+
+def _resized(old: nn.Module, shape: Mapping[str, Any]) -> nn.Module:
+    device = next(old.parameters(), torch.empty(0)).device
+    if isinstance(old, nn.modules.conv._ConvNd):
+        kwargs = {"stride": old.stride, "padding": old.padding, "dilation": old.dilation, "groups": shape["groups"],
+                  "bias": old.bias is not None, "padding_mode": old.padding_mode}  # fmt: skip
+        if old.transposed:
+            kwargs["output_padding"] = old.output_padding
+        return type(old)(shape["in_channels"], shape["out_channels"], old.kernel_size, **kwargs).to(device)
+    if isinstance(old, nn.Linear):
+        return nn.Linear(shape["in_features"], shape["out_features"], bias=old.bias is not None).to(device)
+    if isinstance(old, nn.modules.batchnorm._NormBase):
+        return type(old)(shape["num_features"], eps=old.eps, momentum=old.momentum, affine=old.affine,
+                         track_running_stats=old.track_running_stats).to(device)  # fmt: skip
+    if isinstance(old, nn.GroupNorm):
+        return nn.GroupNorm(shape["num_groups"], shape["num_channels"], eps=old.eps, affine=old.affine).to(device)
+    if isinstance(old, nn.LayerNorm):
+        return nn.LayerNorm(shape["normalized_shape"], eps=old.eps, elementwise_affine=old.elementwise_affine,
+                            bias=old.bias is not None).to(device)  # fmt: skip
+    if isinstance(old, nn.PReLU):
+        return nn.PReLU(shape["num_parameters"]).to(device)
+    raise ModelError(f"cannot resize a {type(old).__name__}")
+
+
+def load_pruned(dense: nn.Module, export_dir: str | Path) -> nn.Module:
+    """Rebuild the exported pruned model from a freshly built dense ``dense`` (same architecture), the JSON and the
+    state_dict, without unpickling code; returns ``dense`` shrunk, with the pruned weights, in eval mode.
+
+    Raises:
+        ModelError: If the files are missing or do not match ``dense``.
+    """
+    directory = Path(export_dir)
+    try:
+        description = json.loads((directory / CHANNELS_FILE).read_text())
+        state = torch.load(directory / STATE_DICT_FILE, map_location="cpu", weights_only=True)
+    except (OSError, ValueError) as error:
+        raise ModelError(f"cannot read the exported pruned model in {directory}: {error}") from None
+    model = shrink_to(dense, description.get("changed_layers") or {})
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as error:
+        first = str(error).splitlines()[1].strip() if len(str(error).splitlines()) > 1 else str(error)
+        raise ModelError(f"{STATE_DICT_FILE} does not fit the rebuilt model ({first}).") from None
+    return model.eval()

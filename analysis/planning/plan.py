@@ -1,0 +1,443 @@
+"""Budget plans: per-group pruning ratios that reach a MACs (or params) reduction with the least predicted loss.
+
+The analysis file gives each param's loss at the measured ratios. A group of coupled params (a residual chain)
+can only lose one set of channels, so it is one decision with one ratio; its options are every channel count from
+0 up to the largest count measured, each ranked by the member whose measured curve predicts the smallest loss
+there (curves are interpolated linearly in the channel count and never extrapolated). What a group saves alone is
+exact at the measured counts (:class:`~analysis.structure.flops.CostModel`) and linear in between.
+:func:`~analysis.planning.ratios.allocate` picks the options; the plan's MACs and params are then computed exactly
+for all groups pruned at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch_pruning as tp
+from torch import nn
+
+from analysis.engine.reference import EngineSettings, channel_scores
+from analysis.errors import AnalysisFileError, UserError, did_you_mean
+from analysis.io._fingerprint import model_fingerprint
+from analysis.io.results import load_sensitivities, load_sidecar, sidecar_path
+from analysis.planning._curves import interpolate, monotone_curve
+from analysis.planning.ratios import Allocation, BudgetUnreachable, Choice, GroupOptions, allocate
+from analysis.structure.criteria import allowed_counts, lowest_channels, removal_count
+from analysis.structure.flops import Cost, CostModel, ShapeDelta, cost_summary
+from analysis.structure.groups import (
+    PrunableParam,
+    build_dependency_graph,
+    conv_execution_order,
+    describe_convs,
+    eval_mode,
+    removal_group,
+)
+
+logger = logging.getLogger(__name__)
+
+MEASURES = ("macs", "params")
+
+
+@dataclass
+class PlannedGroup:
+    """One pruned group of the plan.
+
+    Attributes:
+        members: The group's analysed params (model order); all get :attr:`ratio`.
+        ranking_param: The member whose criterion ranks the channels (its curve predicted the loss).
+        module_name: That member's conv.
+        channels: Channels of the group.
+        removed: Channel indices removed.
+        predicted_loss: The ranking member's interpolated loss at this count.
+    """
+
+    members: list[str]
+    ranking_param: str
+    module_name: str
+    channels: int
+    removed: list[int]
+    predicted_loss: float
+
+    @property
+    def ratio(self) -> float:
+        """Fraction of the group's channels removed."""
+        return round(len(self.removed) / self.channels, 6)
+
+
+@dataclass
+class Plan:
+    """Per-group ratios for a budget, with the predicted loss and the exact cost of the pruned model.
+
+    Attributes:
+        measure: ``macs`` or ``params``: what the target reduces.
+        target: The reduction asked for (0.4 = 40% fewer).
+        groups: The pruned groups, in model order.
+        predicted_loss: Sum of the groups' predicted losses (each measured with that layer pruned alone).
+        lower_bound: No plan reaching the target has a smaller summed predicted loss.
+        dense: The unpruned model's cost.
+        pruned: The cost with every group pruned at once (exact, ``macs`` convention).
+        settings: Criterion and group reduction the channels are ranked with (the analysis file's).
+        source: ``budget`` (allocated for :attr:`target`) or the ratios file the plan was read from.
+        method: ``knapsack`` (allocated from the sensitivity curves), ``measured`` (improved with joint
+            evaluations, see :mod:`analysis.planning.measured`) or ``ratios`` (applied as given).
+        search: For ``measured``: what the search evaluated and measured (JSON-friendly).
+    """
+
+    measure: str
+    target: float | None
+    groups: list[PlannedGroup]
+    predicted_loss: float
+    lower_bound: float
+    dense: Cost
+    pruned: Cost
+    settings: dict[str, Any] = field(default_factory=dict)
+    source: str = "budget"
+    method: str = "knapsack"
+    search: dict[str, Any] | None = None
+
+    @property
+    def ratios(self) -> dict[str, float]:
+        """``{param: ratio}`` for every member of every pruned group (coupled params share their group's ratio); each
+        group's ranking param comes first, so a tool applying the list in order (ACT, :func:`plan_from_ratios`)
+        ranks the group's channels with it."""
+        return {
+            name: group.ratio
+            for group in self.groups
+            for name in [group.ranking_param, *[m for m in group.members if m != group.ranking_param]]
+        }
+
+    @property
+    def reduction(self) -> float:
+        """The reduction of :attr:`measure` the plan achieves (exact)."""
+        return cost_summary(self.dense, self.pruned)[f"{self.measure}_reduction"]
+
+    def removals(self) -> list[tuple[str, list[int]]]:
+        """``(conv module name, channels)`` to remove, one per pruned group, for physical pruning."""
+        return [(group.module_name, group.removed) for group in self.groups]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form, stored in the sidecar under ``plan``."""
+        groups = [
+            {"members": g.members, "ranking_param": g.ranking_param, "ratio": g.ratio, "channels": g.channels,
+             "channels_removed": len(g.removed), "predicted_loss": _finite(g.predicted_loss)}
+            for g in self.groups
+        ]  # fmt: skip
+        return {
+            "measure": self.measure,
+            "target": self.target,
+            "source": self.source,
+            "method": self.method,
+            "method_description": self.describe_method(),
+            "predicted_loss": _finite(self.predicted_loss),
+            "lower_bound": _finite(self.lower_bound),
+            "dense": self.dense.as_dict(),
+            "pruned": {"macs": self.pruned.macs, "params": self.pruned.params},
+            **{k: v for k, v in cost_summary(self.dense, self.pruned).items() if k.endswith("reduction")},
+            "settings": self.settings,
+            "groups": groups,
+            **({"search": self.search} if self.search is not None else {}),
+        }
+
+    def describe_method(self) -> str:
+        """One sentence on how the plan was chosen and what its predicted loss is."""
+        if self.method == "ratios":
+            return "ratios as given; predicted loss = sum of the single-layer losses"
+        knapsack = (
+            "multiple-choice knapsack by dynamic programming over the monotone sensitivity curves; summed predicted "
+            f"loss within {max(0.0, self.predicted_loss - self.lower_bound):.6g} of the optimum"
+        )
+        if self.method == "knapsack":
+            return knapsack
+        evaluations = (self.search or {}).get("evaluations", 0)
+        return (
+            f"measured: started from the knapsack plan, improved with {evaluations} joint evaluations (all groups "
+            "pruned at once, BatchNorm re-estimated); predicted loss = the loss measured for this plan"
+        )
+
+
+def _finite(value: float) -> float | None:
+    """``value`` for JSON, None when it is not a finite number (a loss beyond the measured ratios)."""
+    return value if math.isfinite(value) else None
+
+
+def build_plan(
+    model: nn.Module,
+    example_input: torch.Tensor,
+    analysis_file: str | Path,
+    target: float,
+    measure: str = "macs",
+) -> Plan:
+    """Allocate per-group ratios from ``analysis_file`` so that ``measure`` drops by at least ``target``.
+
+    Args:
+        model: The analysed model (its weights must be the ones the file was computed on).
+        example_input: A batch fixing the input size (the first sample is used for costs).
+        analysis_file: The analysis pickle; its JSON sidecar supplies the criterion and the fingerprint.
+        target: The reduction to reach, strictly between 0 and 1.
+        measure: ``macs`` or ``params``.
+
+    Raises:
+        AnalysisFileError: If the file has no sidecar, was computed on other weights, or element-wise.
+        UserError: If the target is outside (0, 1) or not reachable with the measured ratios.
+    """
+    if not 0.0 < target < 1.0:
+        raise UserError(f"target_{measure}_reduction must be between 0 and 1 (0.4 = 40% fewer), got {target}.")
+    with eval_mode(model):
+        planner, options = open_planner(model, example_input, analysis_file, measure)
+        allocation = planner.allocate(options, target)
+        return planner.plan(options, allocation.choices, target, allocation.predicted_loss, allocation.lower_bound)
+
+
+def open_planner(
+    model: nn.Module, example_input: torch.Tensor, analysis_file: str | Path, measure: str = "macs"
+) -> tuple[Planner, list[GroupOptions]]:
+    """The :class:`Planner` of ``model`` with the settings of ``analysis_file``, and every analysed group's options
+    (call in eval mode).
+
+    Raises:
+        AnalysisFileError: As :func:`build_plan`, or when the file holds no filter-pruning losses.
+    """
+    if measure not in MEASURES:
+        raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
+    settings = _analysis_settings(model, analysis_file)
+    planner = Planner(model, example_input, settings, measure)
+    options = planner.options(load_sensitivities(analysis_file))
+    if not options:
+        raise AnalysisFileError(f"{analysis_file} has no measured filter-pruning losses to plan with.")
+    return planner, options
+
+
+def plan_from_ratios(
+    model: nn.Module,
+    example_input: torch.Tensor,
+    analysis_file: str | Path,
+    ratios: Mapping[str, float],
+    source: str = "ratios",
+) -> Plan:
+    """A :class:`Plan` applying given per-param ratios (e.g. a ``ChannelPrune`` YAML), to verify or export them.
+
+    Channels are chosen as the analysis did (its criterion, ``min(C - 1, round(C * r))`` per param). Coupled params
+    share one removal: the first listed member of a group decides it, as PaddleSlim's pruner does; a differing ratio
+    of a later member is ignored with a warning. The predicted loss sums the deciding params' interpolated losses.
+
+    Raises:
+        AnalysisFileError: As :func:`build_plan`.
+        UserError: For a name that is not a prunable conv weight of the model, or a ratio outside [0, 1).
+    """
+    settings = _analysis_settings(model, analysis_file)
+    sensitivities = load_sensitivities(analysis_file)
+    with eval_mode(model):
+        planner = Planner(model, example_input, settings, "macs")
+        params, costs = planner.params, planner.costs
+        decided: dict[str, str] = {}  # param -> the member that decided its group
+        groups: list[PlannedGroup] = []
+        for name, ratio in ratios.items():
+            param = planner.by_name.get(name) or planner.by_name.get(f"{name}.weight")
+            if param is None:
+                reasons = {p.name: p.reason for p in params if p.reason}
+                why = f": {reasons[name]}" if name in reasons else did_you_mean(name, planner.by_name)
+                raise UserError(f"ratios: '{name}' is not a prunable conv weight of this model{why}.")
+            if not 0.0 <= ratio < 1.0:
+                raise UserError(f"ratios: {name} has ratio {ratio}; ratios must lie in [0, 1).")
+            if param.name in decided:
+                if decided[param.name] != param.name:
+                    logger.warning("%s is coupled to %s, listed earlier, whose ratio decides their shared channels.",
+                                   param.name, decided[param.name])  # fmt: skip
+                continue
+            members = [param.name, *[n for n in param.coupled_params if n in planner.by_name]]
+            decided.update({member: param.name for member in members})
+            count = param_count(param, ratio, planner.round_to)
+            if count == 0:
+                continue
+            measured = sensitivities.get(param.name, {}).items()
+            points = monotone_curve([(param_count(param, r, planner.round_to), loss) for r, loss in measured])
+            predicted = interpolate(points, count) if count <= points[-1][0] else float("nan")
+            ordered = [p.name for p in params if p.name in members]
+            groups.append(PlannedGroup(ordered, param.name, param.module_name, param.channels,
+                                       planner.removed(param.name, count), predicted))  # fmt: skip
+        order = {p.name: index for index, p in enumerate(params)}
+        groups.sort(key=lambda g: order[g.members[0]])
+        pruned = planner.picks_cost((g.ranking_param, len(g.removed)) for g in groups)
+        predicted_total = sum(g.predicted_loss for g in groups)
+        ranking = {k: settings[k] for k in ("criterion", "group_reduction", "round_to")}
+        return Plan("macs", None, groups, predicted_total, predicted_total, costs.dense, pruned, ranking, source,
+                    method="ratios")  # fmt: skip
+
+
+def param_count(param: PrunableParam, ratio: float, round_to: int = 1) -> int:
+    """Channels the analysis removed from ``param`` at ``ratio`` (whole conv-group steps, ``round_to`` kept)."""
+    return removal_count(param.channels, ratio, len(param.conv_blocks), round_to)
+
+
+def _analysis_settings(model: nn.Module, analysis_file: str | Path) -> dict[str, Any]:
+    sidecar = load_sidecar(analysis_file)
+    if sidecar is None:
+        raise AnalysisFileError(
+            f"{analysis_file} has no sidecar ({sidecar_path(analysis_file).name}), which a plan needs for the "
+            "criterion the losses were measured with; rerun the analysis to create it."
+        )
+    fingerprint = sidecar.get("fingerprint") or {}
+    stored = fingerprint.get("model")
+    if stored is not None and stored != model_fingerprint(model):
+        raise AnalysisFileError(
+            f"{analysis_file} was computed on other weights than this model's; plan with the config that wrote it."
+        )
+    settings = dict(fingerprint.get("settings") or {})
+    if settings.get("granularity", "filter") != "filter":
+        raise AnalysisFileError(f"{analysis_file} holds element-wise losses; a budget plan needs filter pruning.")
+    settings.setdefault("criterion", "l1_norm")
+    settings.setdefault("group_reduction", "self")
+    settings.setdefault("round_to", 1)
+    return settings
+
+
+class Planner:
+    """Options per group and exact joint savings for one model, analysis settings and measure."""
+
+    def __init__(
+        self, model: nn.Module, example_input: torch.Tensor, settings: Mapping[str, Any], measure: str
+    ) -> None:
+        self.model, self.measure, self.example_input = model, measure, example_input
+        self.settings = dict(settings)
+        self.graph: tp.DependencyGraph = build_dependency_graph(model, example_input)
+        self.params = describe_convs(model, self.graph, conv_execution_order(model, example_input))
+        self.costs = CostModel(model, example_input)
+        self.engine_settings = EngineSettings(
+            ratios=[0.5], criterion=settings["criterion"], group_reduction=settings["group_reduction"]
+        )
+        self.by_name = {p.name: p for p in self.params if p.prunable}
+        self.round_to = int(settings.get("round_to", 1))
+        self._scores: dict[str, torch.Tensor] = {}
+        self._removed: dict[tuple[str, int], list[int]] = {}
+        self._deltas: dict[tuple[str, int], ShapeDelta] = {}
+
+    def removed(self, name: str, count: int) -> list[int]:
+        """The channels ``name``'s ranking removes at ``count`` (the analysis engine's choice)."""
+        key = (name, count)
+        if key not in self._removed:
+            param = self.by_name[name]
+            if name not in self._scores:
+                self._scores[name] = channel_scores(self.model, self.graph, param, self.engine_settings)
+            self._removed[key] = lowest_channels(self._scores[name], count, param.conv_blocks)
+        return self._removed[key]
+
+    def saved_alone(self, name: str, count: int) -> float:
+        """What removing ``count`` of ``name``'s channels (with its group) saves on its own."""
+        return self.saved(self.picks_cost([(name, count)]))
+
+    def options(self, sensitivities: Mapping[str, Mapping[float, float]]) -> list[GroupOptions]:
+        """One :class:`GroupOptions` per group of coupled params that has measured losses."""
+        analysed = [p for p in self.params if p.prunable and sensitivities.get(p.name)]
+        groups: list[list[PrunableParam]] = []
+        seen: set[str] = set()
+        for param in analysed:
+            if param.name in seen:
+                continue
+            members = [p for p in analysed if p is param or p.name in param.coupled_params]  # model order
+            seen.update(p.name for p in members)
+            groups.append(members)
+        return [self._group_options(members, sensitivities) for members in groups]
+
+    def _group_options(self, members: list[PrunableParam], sensitivities: Mapping[str, Mapping[float, float]]
+                       ) -> GroupOptions:  # fmt: skip
+        channels = members[0].channels
+        curves: dict[str, tuple[list[tuple[float, float]], list[tuple[float, float]]]] = {}
+        for param in members:
+            counts = {ratio: param_count(param, ratio, self.round_to) for ratio in sensitivities[param.name]}
+            losses = monotone_curve([(counts[r], loss) for r, loss in sensitivities[param.name].items()])
+            saved = [(count, self.saved_alone(param.name, int(count)) if count else 0.0) for count, _ in losses]
+            curves[param.name] = (losses, saved)
+        largest = int(max(points[0][-1][0] for points in curves.values()))
+        choices = []
+        for count in allowed_counts(channels, len(members[0].conv_blocks), self.round_to):
+            if count > largest:
+                break
+            candidates = [
+                (interpolate(losses, count), interpolate(saved, count), name)
+                for name, (losses, saved) in curves.items()
+                if count <= losses[-1][0]
+            ]
+            loss, saved, name = min(candidates)  # the member whose ranking is predicted to hurt least
+            choices.append(Choice(count, round(count / channels, 6), name, 0.0 if count == 0 else loss, saved))
+        return GroupOptions([p.name for p in members], channels, choices)
+
+    def member_loss(self, sensitivities: Mapping[str, Mapping[float, float]], name: str, count: int) -> float:
+        """The planning curve of param ``name`` at ``count`` channels (NaN beyond its largest measured count)."""
+        param = self.by_name[name]
+        measured = sensitivities.get(name, {}).items()
+        points = monotone_curve([(param_count(param, r, self.round_to), loss) for r, loss in measured])
+        return interpolate(points, count) if count <= points[-1][0] else float("nan")
+
+    def joint_saved(self, selection: Mapping[str, Choice]) -> float:
+        """The exact saving when every selected group is pruned at once."""
+        return self.saved(self.picks_cost((c.param, c.count) for c in selection.values()))
+
+    def saved(self, cost: Cost) -> float:
+        """What ``cost`` saves against the dense model, in :attr:`measure`."""
+        dense = self.costs.dense
+        return float(dense.macs - cost.macs if self.measure == "macs" else dense.params - cost.params)
+
+    def picks_cost(self, picks: Iterable[tuple[str, int]]) -> Cost:
+        """The exact cost with every ``(ranking param, channel count)`` pick pruned at once (one pick per group;
+        each pick's shape change is computed once)."""
+        return self.costs.delta_cost(self._pick_delta(pick) for pick in picks if pick[1])
+
+    def _pick_delta(self, pick: tuple[str, int]) -> ShapeDelta:
+        if pick not in self._deltas:
+            param, count = pick
+            conv = self.model.get_submodule(self.by_name[param].module_name)
+            group = removal_group(self.graph, conv, self.removed(param, count))
+            self._deltas[pick] = self.costs.shape_delta(self.graph, self.costs.removed_channels(self.graph, group))
+        return self._deltas[pick]
+
+    def allocate(self, options: Sequence[GroupOptions], target: float, resolution: int | None = None) -> Allocation:
+        """The knapsack allocation reaching ``target`` (a reduction fraction of :attr:`measure`); ``resolution`` as
+        :func:`~analysis.planning.ratios.allocate`.
+
+        Raises:
+            UserError: If even the largest measured ratios do not reach it.
+        """
+        dense = self.dense_measure
+        try:
+            return allocate(options, target * dense, self.joint_saved, resolution)
+        except BudgetUnreachable as error:
+            best = self.joint_saved({g.key: g.choices[-1] for g in options}) / dense
+            raise UserError(
+                f"target_{self.measure}_reduction {target:g} cannot be reached: pruning every analysed conv at its "
+                f"largest measured ratio removes {best:.1%} of the {self.measure}; analyse larger "
+                "SensitivityAnalysis.pruned_ratios or lower the target."
+            ) from error
+
+    @property
+    def dense_measure(self) -> float:
+        """The dense model's MACs or params (whichever :attr:`measure` is)."""
+        return float(self.costs.dense.macs if self.measure == "macs" else self.costs.dense.params)
+
+    def plan(
+        self,
+        options: Sequence[GroupOptions],
+        choices: Mapping[str, Choice],
+        target: float,
+        predicted_loss: float,
+        lower_bound: float,
+        method: str = "knapsack",
+        search: dict[str, Any] | None = None,
+    ) -> Plan:
+        """The :class:`Plan` of one choice per group (groups missing from ``choices`` stay unpruned)."""
+        groups = []
+        for group in options:
+            choice = choices.get(group.key)
+            if choice is not None and choice.count:
+                ranking = self.by_name[choice.param]
+                groups.append(PlannedGroup(group.members, choice.param, ranking.module_name, group.channels,
+                                           self.removed(choice.param, choice.count), choice.loss))  # fmt: skip
+        pruned = self.picks_cost((g.ranking_param, len(g.removed)) for g in groups)
+        settings = {k: self.settings[k] for k in ("criterion", "group_reduction", "round_to")}
+        return Plan(self.measure, target, groups, predicted_loss, lower_bound, self.costs.dense, pruned, settings,
+                    method=method, search=search)  # fmt: skip

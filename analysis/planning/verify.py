@@ -1,0 +1,212 @@
+"""Joint verification of a plan: prune every planned group at once (physically), then measure what users pay for.
+
+Single-layer losses do not add up exactly, so the predicted loss of a plan is only a guide. Here the plan is
+applied to a copy of the model with Torch-Pruning, the copy is evaluated on the same data twice: raw (the dense
+model's BatchNorm statistics, which no longer fit the layers downstream of the removed channels) and after
+re-estimating those statistics on calibration images (:mod:`analysis.engine.batchnorm`), which is the model to fine-tune
+or deploy. Its MACs, params, checkpoint size and latency (batch 1 and 32, median of repeated runs, on the device
+used) are measured next to the dense model's.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from analysis.engine.batchnorm import recalibrate_copy
+from analysis.engine.reference import relative_loss
+from analysis.inputs.calibration import CalibrationSet
+from analysis.planning.export import saved_bytes
+from analysis.planning.plan import Plan
+from analysis.structure.flops import count_cost
+from analysis.structure.physical import jointly_pruned_copy
+
+logger = logging.getLogger(__name__)
+
+LATENCY_BATCHES = (1, 32)
+LATENCY_WARMUP = 2
+LATENCY_REPEATS = 10
+LATENCY_BUDGET_SECONDS = 10.0  # per model and batch size: fewer repeats (at least 3) when a forward pass is slow
+
+
+@dataclass
+class Recalibrated:
+    """The pruned model after BatchNorm re-estimation: its metrics, and which layers were re-estimated on what."""
+
+    metrics: dict[str, float]
+    layers: list[str]
+    images: int
+    calibration: dict[str, Any]
+
+
+@dataclass
+class Verification:
+    """What the jointly pruned model measures, raw and with re-estimated BatchNorm statistics (when calibration
+    images exist), next to the dense model and the plan's prediction."""
+
+    baseline: dict[str, float]
+    pruned: dict[str, float]
+    predicted_loss: float
+    dense_cost: dict[str, int]
+    pruned_cost: dict[str, int]
+    checkpoint_bytes: dict[str, int]
+    latency_ms: dict[str, dict[str, float]]
+    device: str
+    recalibrated: Recalibrated | None = None
+
+    def losses(self, reestimated: bool = False) -> dict[str, float]:
+        """Measured relative loss of top1 and top5 (and ce, where lower is better) against the baseline: of the raw
+        pruned model, or with ``reestimated`` of the model with re-estimated BatchNorm statistics."""
+        if reestimated and self.recalibrated is None:
+            return {}
+        pruned = self.recalibrated.metrics if reestimated and self.recalibrated is not None else self.pruned
+        return {
+            metric: relative_loss(self.baseline[metric], pruned[metric], metric)
+            for metric in ("top1", "top5", "ce")
+            if metric in self.baseline and metric in pruned and self.baseline[metric]
+        }
+
+    @property
+    def final(self) -> dict[str, float]:
+        """The metrics of the model the export holds: re-estimated when calibration images exist, else raw."""
+        return self.recalibrated.metrics if self.recalibrated is not None else self.pruned
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form, stored in the sidecar under ``plan.verification``."""
+        recalibrated = self.recalibrated
+        return {
+            "baseline": self.baseline,
+            "pruned": self.pruned,
+            "predicted_loss": self.predicted_loss,
+            "measured_loss": self.losses(),
+            "reestimated": None
+            if recalibrated is None
+            else {
+                "metrics": recalibrated.metrics,
+                "measured_loss": self.losses(reestimated=True),
+                "batchnorm_layers": recalibrated.layers,
+                "calibration_images": recalibrated.images,
+                "calibration": recalibrated.calibration,
+            },
+            "macs": {"dense": self.dense_cost["macs"], "pruned": self.pruned_cost["macs"]},
+            "params": {"dense": self.dense_cost["params"], "pruned": self.pruned_cost["params"]},
+            "checkpoint_bytes": self.checkpoint_bytes,
+            "latency_ms": self.latency_ms,
+            "device": self.device,
+        }
+
+
+def verify_plan(
+    model: nn.Module,
+    plan: Plan,
+    evaluate: Callable[[nn.Module], Mapping[str, float]],
+    example_input: torch.Tensor,
+    baseline: Mapping[str, float],
+    latency_batches: tuple[int, ...] = LATENCY_BATCHES,
+    calibration: CalibrationSet | None = None,
+) -> tuple[nn.Module, Verification]:
+    """Prune ``plan`` into a copy of ``model``, evaluate it raw and (with ``calibration``) after re-estimating the
+    BatchNorm statistics the pruning changed, and measure cost, size and latency.
+
+    Args:
+        model: The dense model (unchanged).
+        plan: The plan to apply.
+        evaluate: Metrics of a model on the analysis data (the same evaluation that produced ``baseline``).
+        example_input: A batch for tracing and costs; its sample shape is used for the latency inputs.
+        baseline: The dense model's metrics on that data.
+        latency_batches: Batch sizes to time.
+        calibration: Calibration images; without them only the raw pruned model is measured.
+
+    Returns:
+        The pruned copy (eval mode, on the model's device; with re-estimated statistics when calibrated) and the
+        measurements.
+    """
+    pruned, metrics, recalibrated = measure_pruned(model, plan.removals(), evaluate, example_input, calibration)
+    dense_cost, pruned_cost = count_cost(model, example_input), count_cost(pruned, example_input)
+    if pruned_cost.macs != plan.pruned.macs or pruned_cost.params != plan.pruned.params:
+        logger.warning(
+            "The physically pruned model costs %d MACs / %d params, the plan computed %d / %d; trust the measurement.",
+            pruned_cost.macs, pruned_cost.params, plan.pruned.macs, plan.pruned.params,
+        )  # fmt: skip
+    device = example_input.device
+    latency = {
+        f"batch_{size}": {
+            "dense": median_latency_ms(model, example_input, size),
+            "pruned": median_latency_ms(pruned, example_input, size),
+        }
+        for size in latency_batches
+    }
+    verification = Verification(
+        baseline={k: float(v) for k, v in baseline.items() if k in ("top1", "top5", "ce", "images")},
+        pruned=metrics,
+        predicted_loss=plan.predicted_loss,
+        dense_cost={"macs": dense_cost.macs, "params": dense_cost.params},
+        pruned_cost={"macs": pruned_cost.macs, "params": pruned_cost.params},
+        checkpoint_bytes={"dense": checkpoint_bytes(model), "pruned": checkpoint_bytes(pruned)},
+        latency_ms=latency,
+        device=str(device),
+        recalibrated=recalibrated,
+    )
+    return pruned, verification
+
+
+def measure_pruned(
+    model: nn.Module,
+    removals: Sequence[tuple[str, Sequence[int]]],
+    evaluate: Callable[[nn.Module], Mapping[str, float]],
+    example_input: torch.Tensor,
+    calibration: CalibrationSet | None,
+) -> tuple[nn.Module, dict[str, float], Recalibrated | None]:
+    """Physically prune every ``(conv name, channels)`` removal into a copy of ``model`` and evaluate it raw and,
+    with ``calibration``, after re-estimating the BatchNorm statistics the removals change.
+
+    Returns:
+        The pruned copy (re-estimated when calibrated), its raw metrics, and the re-estimated measurement.
+    """
+    pruned = jointly_pruned_copy(model, removals, example_input)
+    metrics = _numbers(evaluate(pruned))
+    if calibration is None:
+        return pruned, metrics, None
+    stats = recalibrate_copy(model, pruned, removals, example_input, calibration.loader)
+    return pruned, metrics, Recalibrated(_numbers(evaluate(pruned)), stats.layers, stats.images, calibration.as_dict())
+
+
+def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+
+
+def checkpoint_bytes(model: nn.Module) -> int:
+    """Size of ``torch.save(model.state_dict())``: what a checkpoint of the weights takes on disk."""
+    return len(saved_bytes(model.state_dict()))
+
+
+def median_latency_ms(model: nn.Module, example_input: torch.Tensor, batch_size: int) -> float:
+    """Median wall time of one forward pass at ``batch_size`` (random input of the example's sample shape), in ms.
+
+    A few warm-up passes run first; then up to :data:`LATENCY_REPEATS` timed passes, fewer (at least 3) when they
+    would exceed :data:`LATENCY_BUDGET_SECONDS`. CUDA work is synchronised before each clock read.
+    """
+    device = example_input.device
+    inputs = torch.randn((batch_size, *example_input.shape[1:]), generator=torch.Generator().manual_seed(0))
+    inputs = inputs.to(device=device, dtype=example_input.dtype)
+    synchronise = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times: list[float] = []
+    with torch.inference_mode():
+        for _ in range(LATENCY_WARMUP):
+            model(inputs)
+        spent = 0.0
+        while len(times) < LATENCY_REPEATS and (len(times) < 3 or spent < LATENCY_BUDGET_SECONDS):
+            synchronise()
+            start = time.perf_counter()
+            model(inputs)
+            synchronise()
+            times.append(time.perf_counter() - start)
+            spent += times[-1]
+    return round(statistics.median(times) * 1000, 3)

@@ -1,0 +1,1 @@
+"""What users read: the HTML report, its plots and the terminal summary."""

@@ -1,0 +1,37 @@
+"""The plain-text table printed at the end of a run: losses per ratio, derived ratios, unprunable convs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from analysis.engine.run import AnalysisOutcome
+
+
+def format_table(outcome: AnalysisOutcome, ratios: Sequence[float], metric: str) -> str:
+    """Render one row per analysed param (model order) and, below, the convs that were not analysed."""
+    derived = outcome.ratios
+    header = ["param", "shape", "group"] + [f"{r:g}" for r in ratios] + (["ratio"] if derived else [])
+    rows = []
+    for param in outcome.analysed:
+        curve = outcome.sensitivities.get(param.name, {})
+        stopped_at = outcome.early_stopped.get(param.name)
+        cells = [param.name, "x".join(map(str, param.shape)), str(len(param.members))]
+        cells += [
+            f"{curve[r]:+.4f}" if r in curve else "stop" if stopped_at is not None and r > stopped_at else "-"
+            for r in ratios
+        ]
+        if derived:
+            cells.append(f"{derived[param.name]:.4f}" if param.name in derived else "-")
+        rows.append(cells)
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    align = ["<", "<", ">"] + [">"] * (len(header) - 3)
+    lines = [f"relative {metric} loss per pruned ratio ('group' = layers whose channels go with the conv's):"]
+    if outcome.early_stopped:
+        lines[0] += " ('stop' = skipped after an early stop)"
+    for row in [header, *rows]:
+        lines.append("  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(row, align, widths, strict=True)))
+    unprunable = outcome.unprunable
+    if unprunable:
+        lines.append(f"not analysed ({len(unprunable)}):")
+        lines.extend(f"  {name}: {reason}" for name, reason in unprunable.items())
+    return "\n".join(lines)

@@ -1,0 +1,95 @@
+"""Remove a group's channels in place by zeroing their slices, and restore them bit-exactly.
+
+Zeroing a removed channel's filter, bias and BatchNorm scale/shift makes that channel exactly zero, and zeroing
+every consumer's input slice makes the zero irrelevant downstream, so for BatchNorm-based CNNs the masked network
+computes what the physically smaller network computes. It does not for layers that normalise across channels
+(LayerNorm/GroupNorm) or ops with f(0) != 0 before a consumer; the engine detects those per parameter by
+comparing against a physically pruned copy (:mod:`analysis.structure.physical`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch_pruning as tp
+from torch import nn
+
+from analysis.structure.groups import is_depthwise, is_out_channel_item
+
+Slice = tuple[torch.Tensor, int, torch.Tensor]  # (tensor, dim, indices)
+
+
+def zeroed_slices(graph: tp.DependencyGraph, group: Any) -> list[tuple[torch.Tensor, Any]]:
+    """List ``(tensor, index)`` pairs to zero for a removal group; ``index`` is usable as ``tensor[index]``."""
+    slices: list[tuple[torch.Tensor, Any]] = []
+    for item in group:
+        module, idxs = item.dep.target.module, list(item.idxs)
+        if not idxs:
+            continue
+        index = torch.tensor(idxs, dtype=torch.long)
+        out = is_out_channel_item(graph, item)
+        if isinstance(module, nn.Parameter):
+            dim = graph.module2node[module].pruning_dim
+            slices.append((module.data, (slice(None),) * (dim % module.dim()) + (index,)))
+        elif isinstance(module, nn.Conv2d):
+            slices.extend(_conv_slices(module, index, out))
+        elif isinstance(module, nn.Linear):
+            if out:
+                slices.append((module.weight.data, index))
+                if module.bias is not None:
+                    slices.append((module.bias.data, index))
+            else:
+                slices.append((module.weight.data, (slice(None), index)))
+        elif isinstance(module, (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm)):
+            for tensor in (module.weight, module.bias):
+                if tensor is not None:
+                    slices.append((tensor.data, (..., index) if isinstance(module, nn.LayerNorm) else index))
+        elif isinstance(module, nn.PReLU) and module.num_parameters > 1:
+            continue  # PReLU(0) == 0: nothing to zero
+    return slices
+
+
+def _conv_slices(conv: nn.Conv2d, index: torch.Tensor, out: bool) -> list[tuple[torch.Tensor, Any]]:
+    weight = conv.weight.data
+    if out or is_depthwise(conv):
+        result = [(weight, index)]
+        if conv.bias is not None:
+            result.append((conv.bias.data, index))
+        return result
+    if conv.groups == 1:
+        return [(weight, (slice(None), index))]
+    # grouped conv input channel c: output rows of its conv group, local column c % (in_channels // groups)
+    per_group_in = conv.in_channels // conv.groups
+    per_group_out = conv.out_channels // conv.groups
+    rows, cols = [], []
+    for channel in index.tolist():
+        block, local = divmod(channel, per_group_in)
+        rows.extend(range(block * per_group_out, (block + 1) * per_group_out))
+        cols.extend([local] * per_group_out)
+    return [(weight, (torch.tensor(rows), torch.tensor(cols)))]
+
+
+@contextmanager
+def masked(graph: tp.DependencyGraph, group: Any) -> Iterator[None]:
+    """Zero the group's slices for the duration of the block; restore the original values afterwards, also when
+    the block raises. Restoring writes back saved copies, so the weights are bit-identical to before."""
+    with zeroed(zeroed_slices(graph, group)):
+        yield
+
+
+@contextmanager
+def zeroed(slices: list[tuple[torch.Tensor, Any]]) -> Iterator[None]:
+    """Zero precomputed ``(tensor, index)`` slices (see :func:`zeroed_slices`) for the block, then restore them."""
+    saved = []
+    with torch.no_grad():
+        try:
+            for tensor, index in slices:
+                saved.append((tensor, index, tensor[index].clone()))
+                tensor[index] = 0
+            yield
+        finally:
+            for tensor, index, values in reversed(saved):
+                tensor[index] = values
