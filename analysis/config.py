@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from analysis.engine._early_stop import early_stop_from
-from analysis.errors import ConfigError, did_you_mean
+from analysis.errors import ConfigError, did_you_mean, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -444,7 +444,7 @@ def _parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         try:
             layer = OmegaConf.to_container(OmegaConf.from_dotlist([item]))
         except OmegaConfBaseException as error:
-            raise ConfigError(f"Override '{item}' could not be parsed ({_first_line(str(error))}).") from None
+            raise ConfigError(f"Override '{item}' could not be parsed ({first_line(str(error))}).") from None
         assert isinstance(layer, dict)
         section = _check_section(parts[0], layer[parts[0]])
         _deep_update(nested.setdefault(parts[0], {}), section)
@@ -485,7 +485,7 @@ def _describe_omegaconf_error(error: OmegaConfBaseException) -> str:
     """Turn an OmegaConf validation error into one sentence that names the full key."""
     key = getattr(error, "full_key", None) or "config"
     value = getattr(error, "value", None)
-    message = _first_line(getattr(error, "msg", None) or str(error))
+    message = first_line(getattr(error, "msg", None) or str(error))
     match = re.search(r"converted to (\w+)|field of type '(\w+)'", message)
     if match:
         expected = _EXPECTED.get(match.group(1) or match.group(2), match.group(1) or match.group(2))
@@ -495,7 +495,3 @@ def _describe_omegaconf_error(error: OmegaConfBaseException) -> str:
     if "is not a DictConfig" in message or "not a dict" in message.lower():
         return f"{key} must be a mapping (key: value), got {value!r}."
     return f"{key}: {message}."
-
-
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else text

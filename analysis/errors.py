@@ -34,3 +34,12 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str:
     """Return ``" (did you mean 'x'?)"`` for the closest candidate, or an empty string when none is close."""
     matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
     return f" (did you mean '{matches[0]}'?)" if matches else ""
+
+
+def first_line(message: object) -> str:
+    """The first non-empty line of an error message (an exception without text gives its type name), for one-sentence
+    reports of errors raised by other libraries."""
+    text = str(message).strip()
+    if text:
+        return text.splitlines()[0]
+    return type(message).__name__ if isinstance(message, BaseException) else text

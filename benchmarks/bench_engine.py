@@ -61,10 +61,10 @@ def peak_rss_mb() -> float:
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """Run one engine on one model in this process and return its measurements."""
-    from analysis.config import GlobalConfig
+    from analysis.config import GlobalConfig, SensitivityConfig
     from analysis.engine.evaluate import evaluate
-    from analysis.engine.reference import EngineSettings
-    from analysis.engine.run import run_analysis
+    from analysis.engine.run import Selection, run_analysis
+    from analysis.engine.settings import AnalysisData, EngineSettings
     from analysis.inputs.data import apply_data_cache, build_eval_loader
     from analysis.inputs.models import build_model
     from analysis.structure.groups import find_prunable
@@ -84,17 +84,11 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     example = next(iter(loader))[0][:32]
     params = [p.name for p in find_prunable(model, example) if p.prunable]
     chosen = evenly_spaced(params, args.max_params)
-    settings = EngineSettings(ratios=args.ratios, metric="ce", engine=args.engine, progress=False)
-    run_analysis(
-        model,
-        lambda m: evaluate(m, loader, progress=False).metrics(),
-        example,
-        args.analysis_file,
-        settings,
-        prune_params=chosen,
-        batches=loader,
-        overwrite=True,
-    )
+    section = SensitivityConfig(pruned_ratios=args.ratios, metric="ce", engine=args.engine)
+    settings = EngineSettings.from_section(section, progress=False)
+    data = AnalysisData(evaluate=lambda m: evaluate(m, loader, progress=False).metrics(), example_input=example,
+                        batches=loader)  # fmt: skip
+    run_analysis(model, data, args.analysis_file, settings, selection=Selection(prune_params=chosen), overwrite=True)
     result = {
         "engine": args.engine, "model": args.model, "seconds": time.perf_counter() - start,
         "peak_rss_mb": peak_rss_mb(), "params": len(chosen), "variants": len(chosen) * len(args.ratios),

@@ -14,7 +14,7 @@ from analysis.errors import AnalysisFileError, ConfigError
 from analysis.io.results import load_sensitivities, load_sidecar
 
 import engine_models
-from test_engine import batches, pseudo_labelled, randomize
+from helpers import batches, pseudo_labelled, randomize
 
 
 def sequential_trial(

@@ -6,16 +6,14 @@ import csv
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from analysis import analysis_prune
 from analysis.config import load_config
 from analysis.engine.batchnorm import affected_batchnorms, recalibrate_copy, reestimated
 from analysis.engine.evaluate import evaluate
-from analysis.engine.reference import relative_loss
+from analysis.engine.loss import relative_loss
 from analysis.errors import AnalysisFileError, ConfigError
 from analysis.inputs.calibration import build_calibration_set
 from analysis.inputs.data import apply_data_cache, build_eval_loader
@@ -29,32 +27,22 @@ from analysis.structure.physical import pruned_copy
 
 import engine_models
 import tiny_models
-from conftest import REPO, CliResult, tiny_global, write_config, write_images
-from test_engine import batches, pseudo_labelled, randomize
-from test_fast import analyse_both, variant_metrics
+from helpers import (
+    REPO,
+    CliResult,
+    analyse_both,
+    batches,
+    calibration_batches,
+    pseudo_labelled,
+    randomize,
+    tiny_global,
+    variant_metrics,
+    write_config,
+    write_images,
+    write_train_list,
+)
 
 Cli = Callable[..., CliResult]
-
-
-def write_train_list(root: Path, count: int) -> None:
-    """Random training PNGs in ``root/train``, listed in ``root/train_list.txt`` (the default calibration set)."""
-    rng = np.random.default_rng(5)
-    lines = []
-    for index in range(count):
-        relative = Path("train") / f"train_{index:04d}.png"
-        (root / relative).parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(rng.integers(0, 256, (16, 20, 3), dtype=np.uint8)).save(root / relative)
-        lines.append(f"{relative} {index % 10}")
-    (root / "train_list.txt").write_text("\n".join(lines) + "\n")
-
-
-def calibration_batches(count: int = 2, size: int = 8, resolution: int = 16) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Random images other than those of ``test_engine.batches`` (labels are unused by re-estimation)."""
-    generator = torch.Generator().manual_seed(123)
-    return [
-        (torch.randn(size, 3, resolution, resolution, generator=generator), torch.zeros(size, dtype=torch.long))
-        for _ in range(count)
-    ]
 
 
 @pytest.mark.parametrize("config_name", ["digits_resnet.yaml", "digits_mobilenet.yaml"])

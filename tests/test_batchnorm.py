@@ -29,7 +29,7 @@ from analysis.structure.physical import pruned_copy
 import bn_models
 import engine_models
 import tiny_models
-from test_engine import batches
+from helpers import batches
 
 BatchNorm = nn.modules.batchnorm._BatchNorm
 Stats = dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -125,9 +125,10 @@ def test_affected_layers_are_those_whose_statistics_the_pruned_network_changes(b
     dense = copy.deepcopy(model)
     reestimate(dense, [m for m in dense.modules() if isinstance(m, BatchNorm)], CALIBRATION)
     dense_stats = statistics(dense)
-    for param in find_prunable(model, EXAMPLE):
-        if not param.prunable:
-            continue
+    prunable = [param for param in find_prunable(model, EXAMPLE) if param.prunable]
+    assert len(prunable) >= 4
+    somewhere_changed = False
+    for param in prunable:
         channels, group = half_group(model, graph, param.module_name)
         affected = set(batchnorm_names(model, affected_batchnorms(graph, [group])))
         removed = {name: removed_per_batchnorm(group).get(model.get_submodule(name), [])
@@ -142,6 +143,8 @@ def test_affected_layers_are_those_whose_statistics_the_pruned_network_changes(b
                     and torch.allclose(var, dense_stats[name][1][keep], atol=1e-5)):  # fmt: skip
                 changed.add(name)
         assert affected == changed, param.name
+        somewhere_changed |= bool(changed)
+    assert somewhere_changed  # some removals change later statistics: the comparison is not between empty sets
 
 
 def test_in_a_plain_chain_the_pruned_conv_s_own_batchnorm_and_earlier_ones_are_not_affected() -> None:

@@ -22,7 +22,7 @@ from analysis.inputs._job import build_inputs
 from analysis.inputs.calibration import CalibrationSet, build_calibration_set, resolve_calibration
 from analysis.inputs.data import build_eval_loader, load_image, normalize_batch
 
-from conftest import CliResult, tiny_global, write_config, write_images
+from helpers import CliResult, tiny_global, write_config, write_images
 
 CPU = torch.device("cpu")
 Cli = Callable[..., CliResult]

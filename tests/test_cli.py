@@ -11,12 +11,21 @@ from pathlib import Path
 import pytest
 import torch
 
+import analysis.cli._job
 import analysis.cli.main
-import analysis.inputs._job
 from analysis.inputs.models import create_architecture
 from analysis.io.results import load_sidecar
 
-from conftest import REPO, TINY_MODELS, CliResult, tiny_global, write_config, write_images
+from helpers import (
+    REPO,
+    TINY_MODELS,
+    CliResult,
+    analysis_config,
+    assert_user_error,
+    tiny_global,
+    write_config,
+    write_images,
+)
 
 Cli = Callable[..., CliResult]
 
@@ -26,17 +35,6 @@ def config_file(tmp_path: Path, data_dir: Path, **extra: object) -> Path:
     return write_config(
         tmp_path / "cfg.yaml", {"Global": tiny_global(data_dir, **extra), "SensitivityAnalysis": analysis}
     )
-
-
-def assert_user_error(result: CliResult, pattern: str) -> None:
-    import re
-
-    assert result.code == 2, result.err
-    lines = result.err.strip().splitlines()
-    assert lines[-1].startswith("error: "), result.err
-    assert re.search(pattern, lines[-1]), lines[-1]
-    assert "Traceback" not in result.err
-    assert result.out == ""
 
 
 def test_baseline_run_prints_one_result_line(cli: Cli, tmp_path: Path, list_data: Path) -> None:
@@ -197,7 +195,7 @@ def test_internal_bugs_keep_their_traceback(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(analysis.inputs._job, "evaluate", broken)
+    monkeypatch.setattr(analysis.cli._job, "evaluate", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         cli("--config_path", config_file(tmp_path, list_data))
 
@@ -216,15 +214,6 @@ def test_run_py_exits_2_without_traceback(tmp_path: Path) -> None:
         "YAML file with --config_path."
     )
     assert proc.stdout == ""
-
-
-ENGINE_MODELS = Path(__file__).resolve().parent / "engine_models.py"
-
-
-def analysis_config(tmp_path: Path, data: Path, arch: str, analysis: dict | None = None, **extra: object) -> Path:
-    block = tiny_global(data, arch=f"{ENGINE_MODELS}:{arch}", **extra)
-    section = {"analysis_file": str(tmp_path / "out" / "s.pkl"), "pruned_ratios": [0.5], **(analysis or {})}
-    return write_config(tmp_path / "a.yaml", {"Global": block, "SensitivityAnalysis": section})
 
 
 class Evil:

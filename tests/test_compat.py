@@ -16,7 +16,7 @@ from analysis.structure.criteria import l1_norm, select_channels
 from analysis.structure.physical import pruned_copy
 
 import engine_models
-from test_engine import randomize
+from helpers import randomize
 from tiny_models import tiny_resnet
 
 INPUT = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(3))

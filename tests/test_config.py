@@ -10,7 +10,7 @@ import pytest
 from analysis.config import ACT_BLOCKS, load_config, normalise_ratios
 from analysis.errors import ConfigError
 
-from conftest import write_config
+from helpers import write_config
 
 
 def minimal(tmp_path: Path, **sections: dict) -> Path:

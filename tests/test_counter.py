@@ -13,8 +13,7 @@ from torch import nn
 from analysis.compat.counter import count_flops_params
 from analysis.structure.flops import count_cost
 
-from test_mask_conflict import ResidualNet
-from tiny_models import tiny_resnet
+from tiny_models import ResidualNet, tiny_resnet
 
 TINY_IMAGE = (1, 3, 16, 16)
 NNI_KEYS = {"name", "module_type", "weight_shape", "flops", "params", "input_size", "output_size"}

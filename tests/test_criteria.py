@@ -7,16 +7,20 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
+from analysis.config import CRITERIA as ACCEPTED_CRITERIA
 from analysis.structure.criteria import (
     CRITERIA,
     bn_scale,
+    channel_scores,
     channels_to_remove,
     geometry_median,
     l1_norm,
     l2_norm,
     select_channels,
 )
+from analysis.structure.groups import PrunableParam, build_dependency_graph, find_prunable
 
 
 def pythagorean_filters() -> torch.Tensor:
@@ -87,13 +91,45 @@ def test_criteria_detach_from_autograd(name: str) -> None:
     assert not scores.requires_grad
 
 
-def test_criteria_registry() -> None:
-    assert {
-        "l1_norm": l1_norm,
-        "l2_norm": l2_norm,
-        "geometry_median": geometry_median,
-        "bn_scale": bn_scale,
-    } == CRITERIA
+def ranked_conv() -> tuple[nn.Module, PrunableParam]:
+    """A 1x1 conv with four 2-value filters and its BatchNorm, built so that each criterion removes another channel.
+
+    Filters f0 = (5, 0), f1 = (3, 3), f2 = (4, 5), f3 = (6, 8); BatchNorm gammas (1, 2, -1.5, 0.5).
+    l1: 5, 6, 9, 14 (lowest f0). l2: 5, sqrt(18), sqrt(41), 10 (lowest f1).
+    FPGM, with d01 = sqrt(13), d02 = sqrt(26), d03 = sqrt(65), d12 = sqrt(5), d13 = sqrt(34), d23 = sqrt(13):
+    f0 = 16.77, f1 = 11.67, f2 = 10.94, f3 = 17.50 (lowest f2). bn_scale: 1, 2, 1.5, 0.5 (lowest f3).
+    """
+    model = nn.Sequential(nn.Conv2d(2, 4, 1, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 3, 1)).eval()
+    with torch.no_grad():
+        model[0].weight.copy_(torch.tensor([[5.0, 0.0], [3.0, 3.0], [4.0, 5.0], [6.0, 8.0]]).view(4, 2, 1, 1))
+        model[1].weight.copy_(torch.tensor([1.0, 2.0, -1.5, 0.5]))
+    (param,) = [p for p in find_prunable(model, torch.randn(1, 2, 4, 4)) if p.prunable]
+    return model, param
+
+
+root = math.sqrt
+RANKED_CONV = {  # criterion -> (scores of f0..f3, the channel a ratio of 0.25 removes)
+    "l1_norm": ([5.0, 6.0, 9.0, 14.0], 0),
+    "l2_norm": ([5.0, root(18), root(41), 10.0], 1),
+    "geometry_median": ([root(13) + root(26) + root(65), root(13) + root(5) + root(34),
+                         root(26) + root(5) + root(13), root(65) + root(34) + root(13)], 2),
+    "bn_scale": ([1.0, 2.0, 1.5, 0.5], 3),
+}  # fmt: skip
+
+
+def test_every_criterion_the_config_accepts_is_registered() -> None:
+    assert sorted(CRITERIA) == sorted(ACCEPTED_CRITERIA) == sorted(RANKED_CONV)
+
+
+@pytest.mark.parametrize("name", sorted(RANKED_CONV))
+def test_each_registered_criterion_ranks_channels_by_its_definition(name: str) -> None:
+    """By name, as a config selects it: the conv's scores under the criterion, and the channel a quarter removes."""
+    model, param = ranked_conv()
+    graph = build_dependency_graph(model, torch.randn(1, 2, 4, 4))
+    expected, lowest = RANKED_CONV[name]
+    scores = channel_scores(model, graph, param, name)
+    assert torch.allclose(scores, torch.tensor(expected), rtol=0, atol=1e-5), scores
+    assert select_channels(scores, 0.25) == [lowest]
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from analysis.inputs.data import (
     select_subset,
 )
 
-from conftest import write_images
+from helpers import write_images
 
 CPU = torch.device("cpu")
 

@@ -14,10 +14,22 @@ from analysis.engine.evaluate import evaluate
 from analysis.inputs.data import build_eval_loader, find_samples
 from analysis.inputs.models import build_model
 
-from conftest import REPO, CliResult
+from helpers import REPO, CliResult
 
 DEMO_CONFIGS = sorted((REPO / "configs" / "demo").glob("*.yaml"))
 ACT_CONFIGS = sorted((REPO / "configs" / "act").glob("*.yaml"))
+IMAGENET_CONFIGS = sorted((REPO / "configs" / "imagenet").glob("*.yaml"))
+CHECKPOINTS = sorted((REPO / "datasets" / "digits" / "weights").glob("*.pth"))
+
+
+def test_the_shipped_configs_and_checkpoints_are_all_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests below run once per file these globs find: a missing folder must fail here, not shrink them."""
+    assert [p.name for p in DEMO_CONFIGS] == ["digits_mobilenet.yaml", "digits_resnet.yaml"]
+    assert [p.name for p in ACT_CONFIGS] == ["digits_resnet_prune_dis.yaml"]
+    assert [p.name for p in IMAGENET_CONFIGS] == ["mobilenet_v2.yaml", "resnet50.yaml"]
+    monkeypatch.chdir(REPO)
+    used = {load_config(path.relative_to(REPO)).Global.params_filename for path in DEMO_CONFIGS + ACT_CONFIGS}
+    assert used == {p.name for p in CHECKPOINTS} == {"digits_mobilenet_v2.pth", "digits_resnet.pth"}
 
 
 def test_demo_data_is_complete_and_balanced() -> None:
@@ -26,7 +38,7 @@ def test_demo_data_is_complete_and_balanced() -> None:
     assert sorted({s.label for s in samples}) == list(range(10))
 
 
-@pytest.mark.parametrize("weights", sorted((REPO / "datasets" / "digits" / "weights").glob("*.pth")), ids=str)
+@pytest.mark.parametrize("weights", CHECKPOINTS, ids=lambda p: p.name)
 def test_demo_checkpoints_are_small(weights: Path) -> None:
     assert weights.stat().st_size <= 5 * 1024 * 1024
 
@@ -60,6 +72,6 @@ def test_act_config_runs_unchanged(
 
 def test_imagenet_configs_load(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
-    for path in sorted((REPO / "configs" / "imagenet").glob("*.yaml")):
-        config = load_config(path.relative_to(REPO))
-        assert (config.Global.img_size, config.Global.resize_size) == (224, 232)
+    configs = [load_config(path.relative_to(REPO)) for path in IMAGENET_CONFIGS]
+    assert [config.Global.arch for config in configs] == ["mobilenet_v2", "resnet50"]
+    assert {(config.Global.img_size, config.Global.resize_size) for config in configs} == {(224, 232)}

@@ -7,11 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from analysis.io.results import load_sensitivities, load_sidecar, save_sensitivities, save_sidecar
 
-from conftest import REPO
+from helpers import REPO
 
 DEMO = REPO / "configs" / "demo" / "digits_resnet.yaml"
 # a quick slice of the demo analysis: 200 images, two ratios, 6 of the 15 convs
@@ -34,7 +32,6 @@ def torchrun(target: Path, ranks: int = 2) -> list[str]:
     return [*launcher, str(REPO / "run.py"), "--config_path", str(DEMO), "--analysis_file", str(target), *SETTINGS]
 
 
-@pytest.mark.slow
 def test_two_ranks_write_the_single_process_file_and_resume_leftover_shards(tmp_path: Path) -> None:
     reference = tmp_path / "single" / "s.pkl"
     done = run(single(reference), REPO)

@@ -12,9 +12,7 @@ from analysis.engine._early_stop import EarlyStop
 from analysis.engine._partition import GraphRunner
 from analysis.io.results import load_sensitivities, load_sidecar
 
-from conftest import tiny_global, write_config
-from test_engine import batches, pseudo_labelled, randomize
-from test_fast import analyse_both
+from helpers import analyse_both, batches, pseudo_labelled, randomize, tiny_global, write_config
 from tiny_models import tiny_resnet
 
 RATIOS = (0.125, 0.25, 0.5, 0.75)

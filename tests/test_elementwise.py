@@ -11,15 +11,13 @@ import yaml
 from analysis import analysis_prune
 from analysis.config import load_config
 from analysis.engine.evaluate import evaluate
-from analysis.engine.reference import relative_loss
+from analysis.engine.loss import relative_loss
 from analysis.errors import AnalysisFileError, ConfigError
 from analysis.io.results import load_sensitivities, load_sidecar, ratios_path
 from analysis.structure.elementwise import element_params, element_slices, magnitude_order, weights_to_zero
 from analysis.structure.masking import zeroed
 
-from conftest import tiny_global, write_config
-from test_engine import batches, pseudo_labelled, randomize
-from test_fast import analyse_both
+from helpers import analyse_both, batches, pseudo_labelled, randomize, tiny_global, write_config
 from tiny_models import tiny_resnet
 
 

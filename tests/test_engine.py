@@ -6,14 +6,13 @@ import pickle
 from pathlib import Path
 
 import pytest
-import torch
 import torchvision
 import yaml
 from torch import nn
 
 from analysis import analysis_prune
 from analysis.engine.evaluate import evaluate
-from analysis.engine.reference import relative_loss
+from analysis.engine.loss import relative_loss
 from analysis.errors import ConfigError, UserError
 from analysis.io.results import load_sensitivities, load_sidecar, ratios_path
 from analysis.structure.criteria import l1_norm, select_channels
@@ -21,37 +20,7 @@ from analysis.structure.groups import find_prunable
 from analysis.structure.physical import pruned_copy
 
 import engine_models
-
-
-def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Random weights and BN statistics, so that no BN is an identity and every channel matters."""
-    torch.manual_seed(seed)
-    for module in model.modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
-            module.running_mean.uniform_(-0.5, 0.5)
-            module.running_var.uniform_(0.5, 2.0)
-            module.weight.data.uniform_(0.5, 1.5)
-            module.bias.data.uniform_(-0.5, 0.5)
-    return model.eval()
-
-
-def batches(
-    count: int = 3, size: int = 8, resolution: int = 16, classes: int = 10
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(1)
-    return [
-        (torch.randn(size, 3, resolution, resolution, generator=generator),
-         torch.randint(0, classes, (size,), generator=generator))
-        for _ in range(count)
-    ]  # fmt: skip
-
-
-def pseudo_labelled(
-    model: nn.Module, data: list[tuple[torch.Tensor, torch.Tensor]]
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Label the data with the model's own predictions, so the baseline top1 is 1 and pruning visibly hurts."""
-    with torch.inference_mode():
-        return [(images, model(images).argmax(dim=1)) for images, _ in data]
+from helpers import batches, pseudo_labelled, randomize
 
 
 @pytest.mark.parametrize(

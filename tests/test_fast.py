@@ -15,30 +15,10 @@ from analysis import analysis_prune
 from analysis.config import load_config
 from analysis.inputs.data import apply_data_cache, build_eval_loader
 from analysis.inputs.models import build_model
-from analysis.io.results import load_sensitivities, load_sidecar
 from analysis.structure.groups import find_prunable
 
 import engine_models
-from conftest import REPO
-from test_engine import batches, pseudo_labelled, randomize
-
-
-def analyse_both(model: nn.Module, data, tmp_path: Path, **kwargs) -> tuple[dict, dict]:
-    """Run both engines on the same model and data; return their sidecars (which hold every variant's metrics)."""
-    for engine in ("reference", "fast"):
-        analysis_prune(model, data, tmp_path / f"{engine}.pkl", engine=engine, progress=False, **kwargs)
-    reference, fast = (load_sensitivities(tmp_path / f"{e}.pkl") for e in ("reference", "fast"))
-    assert fast == reference  # exact float equality of every loss
-    assert (tmp_path / "fast.pkl").read_bytes() == (tmp_path / "reference.pkl").read_bytes()
-    return load_sidecar(tmp_path / "reference.pkl"), load_sidecar(tmp_path / "fast.pkl")
-
-
-def variant_metrics(sidecar: dict) -> dict:
-    return {
-        (name, ratio): {k: v[k] for k in ("top1", "top5", "ce", "images")}
-        for name, info in sidecar["params"].items()
-        for ratio, v in info.get("variants", {}).items()
-    }
+from helpers import REPO, analyse_both, batches, pseudo_labelled, randomize, variant_metrics
 
 
 @pytest.mark.parametrize("config_name", ["digits_resnet.yaml", "digits_mobilenet.yaml"])
@@ -54,7 +34,7 @@ def test_demo_models_fast_equals_reference(config_name: str, tmp_path: Path, mon
 
 @pytest.mark.parametrize(
     ("name", "prune_every"),
-    [("resnet18", 1), ("mobilenet_v2", 1), pytest.param("densenet121", 10, marks=pytest.mark.slow)],
+    [("resnet18", 1), ("mobilenet_v2", 1), ("densenet121", 10)],
 )
 def test_torchvision_fast_equals_reference(name: str, prune_every: int, tmp_path: Path) -> None:
     model = randomize(torchvision.models.get_model(name, num_classes=10))

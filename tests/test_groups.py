@@ -152,7 +152,9 @@ def test_resnet18_coupled_params_are_the_residual_partners() -> None:
 
 
 def test_resnet18_bn_name_is_the_batchnorm_after_each_conv() -> None:
-    for param in find_prunable(torchvision_model("resnet18"), torch.randn(IMAGE)):
+    params = find_prunable(torchvision_model("resnet18"), torch.randn(IMAGE))
+    assert len(params) == 20  # the stem, 16 convs in the basic blocks, 3 downsample convs
+    for param in params:
         module = param.module_name
         if module == "conv1":
             expected = "bn1"

@@ -15,7 +15,7 @@ import pytest
 from analysis.errors import AnalysisFileError
 from analysis.io._lock import exclusive, lock_path
 
-from conftest import CliResult
+from helpers import CliResult, analysis_config
 
 
 def dead_pid() -> int:
@@ -69,8 +69,6 @@ def test_a_lock_from_another_host_is_respected(tmp_path: Path) -> None:
 
 
 def test_cli_refuses_a_locked_analysis_file_with_exit_2(cli: object, tmp_path: Path, list_data: Path) -> None:
-    from test_cli import analysis_config
-
     path = analysis_config(tmp_path, list_data, "depthwise_cnn", arch_kwargs={})
     target = tmp_path / "out" / "s.pkl"
     target.parent.mkdir()

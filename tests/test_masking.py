@@ -212,9 +212,9 @@ TORCHVISION: dict[str, tuple[int, int, int]] = {  # params checked, of which wit
     [
         "resnet18",
         "mobilenet_v2",
-        pytest.param("efficientnet_b0", marks=pytest.mark.slow),
+        "efficientnet_b0",
         "regnet_y_400mf",
-        pytest.param("densenet121", marks=pytest.mark.slow),
+        "densenet121",
     ],
 )
 def test_masked_equals_physical_for_every_param_of_torchvision_models(arch: str) -> None:

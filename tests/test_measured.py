@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_adaptive_bn import calibration_batches, write_train_list
 
 from analysis import analysis_prune
 from analysis.engine.evaluate import evaluate
@@ -27,8 +26,17 @@ from analysis.structure.groups import eval_mode
 from analysis.structure.physical import jointly_pruned_copy
 
 import tiny_models
-from conftest import TINY_MODELS, CliResult, tiny_global, write_config
-from test_engine import batches, pseudo_labelled, randomize
+from helpers import (
+    TINY_MODELS,
+    CliResult,
+    batches,
+    calibration_batches,
+    pseudo_labelled,
+    randomize,
+    tiny_global,
+    write_config,
+    write_train_list,
+)
 
 RATIOS = (0.25, 0.5, 0.75)
 SETTINGS = SearchSettings(evaluations=14, calibration_images=8)

@@ -14,7 +14,7 @@ from analysis.config import GlobalConfig
 from analysis.errors import ModelError
 from analysis.inputs.models import build_model, count_outputs, create_architecture
 
-from conftest import TINY_MODELS
+from helpers import TINY_MODELS
 
 TINY = f"{TINY_MODELS}:tiny_cnn"
 

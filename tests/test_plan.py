@@ -25,8 +25,7 @@ from analysis.structure.flops import count_cost
 from analysis.structure.groups import eval_mode, find_prunable, removal_group
 from analysis.structure.physical import jointly_pruned_copy
 
-from conftest import REPO, CliResult, tiny_global, write_config
-from test_engine import batches, pseudo_labelled, randomize
+from helpers import REPO, CliResult, batches, pseudo_labelled, randomize, tiny_global, write_config
 from tiny_models import tiny_densenet, tiny_grouped, tiny_inverted_residual, tiny_resnet
 
 DEMO = ["digits_resnet.yaml", "digits_mobilenet.yaml"]

@@ -13,9 +13,8 @@ import pytest
 
 from analysis.io.results import load_sensitivities
 
-from conftest import REPO, tiny_global, write_config
+from helpers import ENGINE_MODELS, REPO, tiny_global, write_config
 
-ENGINE_MODELS = Path(__file__).resolve().parent / "engine_models.py"
 RATIOS = ["0.2", "0.4", "0.6", "0.8"]
 
 

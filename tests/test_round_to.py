@@ -24,7 +24,7 @@ from analysis.structure.physical import jointly_pruned_copy
 
 import bn_models
 import tiny_models
-from test_engine import batches, pseudo_labelled, randomize
+from helpers import batches, pseudo_labelled, randomize
 
 RATIOS = sorted({i / 100 for i in range(1, 100)} | {1 / 3, 2 / 3, 1 / 8, 3 / 8, 5 / 8, 7 / 8, 1 / 16, 0.999})
 ROUND_TO = [1, 2, 3, 4, 8, 16]
@@ -88,7 +88,9 @@ def test_removal_count_never_decreases_with_the_ratio(blocks: int, round_to: int
 
 @pytest.mark.parametrize("blocks", BLOCKS)
 def test_round_to_1_is_the_old_rule(blocks: int) -> None:
-    for channels, ratio in grid(blocks, 1):
+    pairs = list(grid(blocks, 1))
+    assert len(pairs) >= 15 * len(RATIOS)
+    for channels, ratio in pairs:
         step = blocks or 1
         assert removal_count(channels, ratio, blocks, 1) == channels_to_remove(channels, ratio) // step * step
     if not blocks:
@@ -99,7 +101,9 @@ def test_round_to_1_is_the_old_rule(blocks: int) -> None:
 @pytest.mark.parametrize("round_to", [2, 3, 4, 8, 16])
 def test_a_ratio_maps_to_the_nearest_allowed_kept_count_ties_keep_more(blocks: int, round_to: int) -> None:
     """Channel counts that are multiples of the step (the usual case: 16, 24, 32, 64 ... with round_to 8)."""
-    for channels, ratio in grid(blocks, round_to, multiples_of_step=True):
+    pairs = list(grid(blocks, round_to, multiples_of_step=True))
+    assert pairs  # the grid holds at least one multiple of the step (48 for the largest, lcm(16, 3))
+    for channels, ratio in pairs:
         assert removal_count(channels, ratio, blocks, round_to) == nearest_allowed(channels, ratio, blocks, round_to), (
             channels, ratio
         )  # fmt: skip

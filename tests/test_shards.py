@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_cli import analysis_config, assert_user_error
 
 from analysis.errors import ConfigError
 from analysis.io.results import load_sensitivities, load_sidecar
 from analysis.scale._shards import ShardSpec, assign, downstream_macs
 
-from conftest import CliResult
+from helpers import CliResult, analysis_config, assert_user_error
 
 
 def test_shard_spec_parsing_and_paths() -> None:

@@ -287,3 +287,25 @@ class TinyChannelScale(nn.Module):
 def tiny_channel_scale(num_classes: int = 10) -> nn.Module:
     """A per-channel ``nn.Parameter`` scale between two convs."""
     return TinyChannelScale(num_classes)
+
+
+class ResidualNet(nn.Module):
+    """Stem conv (with bias), an identity block whose second conv (with bias) is coupled to the stem, a strided
+    block whose second conv is coupled to its 1x1 downsample conv, and a linear classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.a = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+        self.d = nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False)
+        self.e = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.down = nn.Conv2d(8, 16, 1, stride=2, bias=False)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn(self.stem(x)))
+        x = torch.relu(x + self.b(torch.relu(self.a(x))))
+        x = torch.relu(self.down(x) + self.e(torch.relu(self.d(x))))
+        return self.fc(x.mean(dim=(2, 3)))

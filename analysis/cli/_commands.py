@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from analysis.cli._exit import EXIT_OK
 from analysis.cli._logs import setup_logging
 from analysis.compat.topology import dependency_csv, dependency_sets, not_safe_to_prune
 from analysis.config import load_config
@@ -18,8 +19,6 @@ from analysis.inputs.models import build_model
 from analysis.io._lock import exclusive
 from analysis.io.results import CSV_STYLES, atomic_write_text, csv_path, export_csv, sidecar_path
 from analysis.scale._shards import merge_files
-
-EXIT_OK = 0
 
 
 def build_report_parser() -> argparse.ArgumentParser:

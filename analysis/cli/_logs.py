@@ -1,4 +1,4 @@
-"""What the command line shows on stderr: plain log messages (levels only for warnings and errors), progress bars."""
+"""What the command line logs on stderr: plain messages, levels only for warnings and errors."""
 
 from __future__ import annotations
 
@@ -14,11 +14,6 @@ def setup_logging(quiet: bool = False, verbose: bool = False) -> None:
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
     root.propagate = False
-
-
-def progress_disabled(progress: bool | None) -> bool:
-    """Whether to hide a progress bar: as asked, or (``None``) unless stderr is a terminal."""
-    return not sys.stderr.isatty() if progress is None else not progress
 
 
 class _PlainFormatter(logging.Formatter):

@@ -11,14 +11,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analysis.cli._exit import EXIT_OK
+from analysis.cli._job import run_job
 from analysis.cli._logs import setup_logging
 from analysis.config import PLAN_METHODS, Config, config_from_data, load_config
 from analysis.engine.batchnorm import recalibrate_copy
 from analysis.engine.evaluate import evaluate
 from analysis.errors import AnalysisFileError, ConfigError
-from analysis.inputs._job import Inputs, build_inputs, needs_calibration, run_job
+from analysis.inputs._job import Inputs, build_inputs, needs_calibration
+from analysis.io import sidecar as schema
 from analysis.io._lock import exclusive
-from analysis.io.results import load_sidecar, ratios_path, save_sidecar
+from analysis.io.results import ratios_path
+from analysis.io.sidecar import ConfigRecord, Sidecar
 from analysis.planning.export import export_pruned
 from analysis.planning.measured import Scoring, SearchSettings, build_measured_plan
 from analysis.planning.plan import Plan, build_plan, plan_from_ratios
@@ -29,7 +33,6 @@ from analysis.structure.physical import jointly_pruned_copy
 
 logger = logging.getLogger(__name__)
 
-EXIT_OK = 0
 PLAN_YAML_SUFFIX = ".plan.yaml"
 EXPORTED_YAML = "channel_prune.yaml"
 
@@ -150,10 +153,10 @@ def _batchnorm_note(layers: list[str], calibration: dict[str, Any]) -> dict[str,
 
 def _baseline(inputs: Inputs, analysis_file: Path, progress: bool | None) -> dict[str, Any]:
     """The dense model's metrics on this data: the sidecar's when it was measured on the same data."""
-    sidecar = load_sidecar(analysis_file) or {}
-    stored = sidecar.get("baseline") or {}
-    same_data = (sidecar.get("fingerprint") or {}).get("data") == inputs.loader.fingerprint()
-    if same_data and "top1" in stored:
+    sidecar = schema.load(analysis_file) or Sidecar()
+    stored = sidecar.baseline or {}
+    data = sidecar.fingerprint.data if sidecar.fingerprint is not None else None
+    if data == inputs.loader.fingerprint() and "top1" in stored:
         return dict(stored)
     logger.info("Evaluating the dense model (the analysis file's baseline is from other data).")
     return evaluate(inputs.model, inputs.loader, progress=progress, desc="dense").metrics()
@@ -162,13 +165,15 @@ def _baseline(inputs: Inputs, analysis_file: Path, progress: bool | None) -> dic
 def _record(analysis_file: Path, result: PlanResult) -> None:
     """Store the plan (and verification) in the sidecar, atomically and under the analysis file's lock."""
     with exclusive(analysis_file):
-        sidecar = load_sidecar(analysis_file) or {}
-        sidecar["plan"] = {**result.plan.as_dict(), "ratios_file": str(result.ratios_file or result.plan.source)}
+        sidecar = schema.load(analysis_file) or Sidecar()
+        plan = result.plan.record()
+        plan.ratios_file = str(result.ratios_file or result.plan.source)
         if result.verification is not None:
-            sidecar["plan"]["verification"] = result.verification.as_dict()
+            plan.verification = result.verification.record()
         if result.exported is not None:
-            sidecar["plan"]["exported"] = {kind: str(path) for kind, path in result.exported.items()}
-        save_sidecar(analysis_file, sidecar)
+            plan.exported = {kind: str(path) for kind, path in result.exported.items()}
+        sidecar.plan = plan
+        schema.save(analysis_file, sidecar)
 
 
 def format_plan(result: PlanResult) -> str:
@@ -327,14 +332,12 @@ def verify_main(argv: Sequence[str]) -> int:
     if args.config_path:
         config = load_config(args.config_path, args.overrides, flags)
     else:
-        stored = (load_sidecar(args.analysis_file) or {}).get("config") or {}
-        if not isinstance(stored.get("Global"), dict):
+        stored = (schema.load(args.analysis_file) or Sidecar()).config or ConfigRecord()
+        raw = stored.cli_config(target_macs_reduction=None, target_params_reduction=None)
+        if raw is None:
             raise ConfigError(f"{args.analysis_file} does not record the config that wrote it (Python API run); "
                               "pass --config_path.")  # fmt: skip
-        raw = {"Global": stored["Global"], "SensitivityAnalysis": stored.get("SensitivityAnalysis") or {}}
-        raw["SensitivityAnalysis"] = {**raw["SensitivityAnalysis"], "target_macs_reduction": None,
-                                      "target_params_reduction": None}  # fmt: skip
-        config = config_from_data(raw, stored.get("source") or args.analysis_file, args.overrides, flags)
+        config = config_from_data(raw, stored.source or args.analysis_file, args.overrides, flags)
     progress = False if args.quiet else None
     inputs = build_inputs(config, progress, calibration=needs_calibration(config))
     return _finish(config, inputs, args, progress, ratios_file=args.ratios)

@@ -17,13 +17,15 @@ from pathlib import Path
 
 from analysis import __version__
 from analysis.cli._commands import SUBCOMMANDS, write_reports
+from analysis.cli._exit import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USER_ERROR
+from analysis.cli._job import run_job
 from analysis.cli._logs import setup_logging
 from analysis.cli._plan import PLAN_COMMANDS, format_plan, run_plan_step, wants_plan_step
 from analysis.config import Config, describe, load_config
-from analysis.engine.reference import format_metrics
+from analysis.engine.loss import format_metrics
 from analysis.engine.run import AnalysisOutcome, derive_ratios
 from analysis.errors import ConfigError, UserError
-from analysis.inputs._job import build_inputs, needs_calibration, run_job
+from analysis.inputs._job import build_inputs, needs_calibration
 from analysis.inputs.device import resolve_device
 from analysis.io.results import sidecar_path
 from analysis.planning.ratios import explain_target_loss
@@ -39,8 +41,6 @@ from analysis.scale.distributed import (
 )
 
 logger = logging.getLogger("analysis")
-
-EXIT_OK, EXIT_USER_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 2, 130, 143
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,7 +90,7 @@ def print_outcome(outcome: AnalysisOutcome, config: Config) -> None:
     s = config.SensitivityAnalysis
     baseline = outcome.report.baseline
     print(f"baseline: {format_metrics(baseline)} ({baseline.get('images', '?')} images)")
-    print(format_table(outcome, s.pruned_ratios, s.metric))
+    print(format_table(outcome, s.pruned_ratios, s.metric, s.metric_mode))
     print(f"analysis file: {outcome.analysis_file} (+ {sidecar_path(outcome.analysis_file).name})")
     if outcome.ratios_file is not None and s.target_loss is not None:
         print(explain_target_loss(s.target_loss))

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from analysis.compat.topology import model_device
+from analysis.inputs.device import model_device
 from analysis.structure.flops import LAYER_TYPES, count_cost, format_count
 from analysis.structure.groups import eval_mode
 
@@ -43,8 +43,7 @@ def count_flops_params(
     biases excluded, and the parameters of those layers, biases included. torchvision's ResNet-50 at 1x3x224x224
     gives 4,089,184,256 FLOPs and 25,503,912 parameters, as in NNI 2.10. FLOPs equal
     ``count_cost(model, x).macs`` (:data:`analysis.structure.flops.CONVENTIONS` ``"macs"``). Two deliberate differences
-    from
-    NNI: a linear layer applied to more than 2-D input counts every row (NNI counts one), and a transposed conv
+    from NNI: a linear layer applied to more than 2-D input counts every row (NNI counts one), and a transposed conv
     counts its input positions (NNI counts output positions, stride^d times too many). NNI also counts RNN layers;
     they are not counted here (a warning says so) unless ``custom_ops`` covers them. Pruning masks held by NNI's
     wrappers are not looked at: remove the channels physically before counting.
@@ -139,6 +138,7 @@ def _layer_macs(module: nn.Module, inputs: tuple[Any, ...], output: torch.Tensor
     if isinstance(module, nn.Linear):
         rows = math.prod(output.shape[1:-1]) if output.dim() > 2 else 1
         return rows * module.weight.numel()
+    assert isinstance(module, nn.modules.conv._ConvNd)  # the other LAYER_TYPES
     spatial = len(module.kernel_size)
     positions = inputs[0] if module.transposed else output
     return math.prod(positions.shape[-spatial:]) * module.weight.numel()

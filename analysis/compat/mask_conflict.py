@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from analysis.compat.topology import BlockKey, Component, example_tensor, out_channels, trace_topology
+from analysis.compat.topology import BlockKey, Component, example_tensor, layer_weight, out_channels, trace_topology
 from analysis.errors import ConfigError, UserError, did_you_mean
 from analysis.structure.groups import is_depthwise, is_grouped_conv
 
@@ -39,8 +39,7 @@ def fix_mask_conflict(
 
     Each layer's channel mask is taken from its weight mask: an output channel is kept when any weight element of
     its filter is non-zero. Then, per set of :class:`~analysis.compat.topology.ChannelDependency` (coupled channels,
-    e.g.
-    a residual stage):
+    e.g. a residual stage):
 
     - ``mode="intersection"`` (NNI's rule): a channel is removed only if every member that has a mask removes it,
       i.e. it is kept if any member keeps it.
@@ -177,7 +176,7 @@ def _kept_channels(module: nn.Module, mask: torch.Tensor) -> torch.Tensor:
 
 def _filter_l1(module: nn.Module) -> torch.Tensor:
     """L1 norm of each output channel's filter."""
-    weight = module.weight.detach().float().abs()
+    weight = layer_weight(module).detach().float().abs()
     return weight.transpose(0, _out_dim(module)).flatten(1).sum(1).cpu()
 
 
@@ -237,7 +236,7 @@ def _even_out(
     """
     reviving = mode == "intersection"
     keys = sorted({key for component in components for key in component.blocks})
-    counts = {key: [0] * modules[key[0]].groups for key in keys}
+    counts = {key: [0] * _conv_groups(modules[key[0]]) for key in keys}
     candidates: dict[tuple[BlockKey, int], list[int]] = defaultdict(list)
     for index, component in enumerate(components):
         for key, per_block in component.blocks.items():
@@ -273,6 +272,12 @@ def _even_out(
             )
 
 
+def _conv_groups(module: nn.Module) -> int:
+    """The number of conv groups of a (grouped) conv."""
+    assert isinstance(module, nn.modules.conv._ConvNd)
+    return module.groups
+
+
 def _write_set_masks(
     result: Masks, members: Sequence[str], kept: Mapping[str, list[bool]], masks: Masks, modules: dict[str, nn.Module]
 ) -> None:
@@ -284,7 +289,7 @@ def _write_set_masks(
             continue
         channels = torch.tensor(kept[name], dtype=torch.bool)
         entry = result.setdefault(name, {})
-        weight_like = masks[name]["weight"] if name in masks else reference.new_empty(module.weight.shape)
+        weight_like = masks[name]["weight"] if name in masks else reference.new_empty(layer_weight(module).shape)
         entry["weight"] = _filter_mask(channels, weight_like, _out_dim(module))
         old_bias = entry.get("bias")
         if module.bias is not None or isinstance(old_bias, torch.Tensor):

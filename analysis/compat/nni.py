@@ -28,12 +28,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from analysis.config import RATIO_DECIMALS, normalise_ratios
+from analysis.config import RATIO_DECIMALS, SensitivityConfig, normalise_ratios
 from analysis.engine._early_stop import EarlyStop, early_stop_from
-from analysis.engine.reference import EngineSettings
-from analysis.engine.run import run_analysis
+from analysis.engine.run import Selection, run_analysis
+from analysis.engine.settings import AnalysisData, EngineSettings
 from analysis.errors import ConfigError, did_you_mean
-from analysis.io.results import atomic_write_text, load_sidecar
+from analysis.io import sidecar as schema
+from analysis.io.results import atomic_write_text
+from analysis.io.sidecar import Sidecar, VariantRecord
 from analysis.structure.criteria import CRITERIA, lowest_channels
 from analysis.structure.elementwise import ELEMENT_DIMS, element_slices, magnitude_order
 from analysis.structure.masking import zeroed
@@ -167,29 +169,30 @@ class SensitivityAnalysis:
         self, layers: list[str], specified: bool, example: torch.Tensor, args: list[Any], kwargs: dict[str, Any]
     ) -> dict[str, dict[float, float]]:
         """Run the dependency-aware engine with ``val_func`` as the evaluator; metrics come from the sidecar."""
-        settings = EngineSettings(
-            ratios=self.sparsities,
+        section = SensitivityConfig(
+            pruned_ratios=list(self.sparsities),
             criterion="l1_norm" if self.element else PRUNE_TYPES[self.prune_type],
             metric="score",
             metric_mode="absolute",  # the metric may be anything (a loss, a baseline of 0): keep differences
             engine="reference",
             granularity="element" if self.element else "filter",
-            early_stop=self.early_stop,
         )
+        settings = EngineSettings.from_section(section, early_stop=self.early_stop)
+        assert self.ori_metric is not None  # measured by analysis() before this runs
         with _analysis_file(self.analysis_file) as path:
             outcome = run_analysis(
                 self.model,
-                self._evaluator(args, kwargs),
-                example,
+                AnalysisData(evaluate=self._evaluator(args, kwargs), example_input=example),
                 path,
                 settings,
-                prune_params=[f"{name}.weight" for name in layers] if specified else None,
-                data_fingerprint=None,
+                selection=Selection(
+                    prune_params=[f"{name}.weight" for name in layers] if specified else None,
+                    names_key="specified_layers",
+                ),
                 config={"api": "SensitivityAnalysis", "prune_type": self.prune_type, "sparsities": self.sparsities},
-                names_key="specified_layers",
                 baseline={"score": self.ori_metric},
             )
-            sidecar = load_sidecar(path) or {}
+            sidecar = schema.load(path) or Sidecar()
         self.unprunable = {name.removesuffix(".weight"): reason for name, reason in outcome.unprunable.items()}
         for name, reason in self.unprunable.items():
             if name in layers and not specified:
@@ -197,8 +200,8 @@ class SensitivityAnalysis:
         results: dict[str, dict[float, float]] = {}
         analysed = {param.module_name for param in outcome.analysed}
         for name in (name for name in layers if name in analysed):  # NNI's order: named_modules
-            variants = ((sidecar.get("params") or {}).get(f"{name}.weight") or {}).get("variants") or {}
-            curve = {r: float(variants[f"{r:g}"]["score"]) for r in self.sparsities if f"{r:g}" in variants}
+            scores = {r: _score(sidecar.variant(f"{name}.weight", r)) for r in self.sparsities}
+            curve = {r: score for r, score in scores.items() if score is not None}
             if curve:
                 results[name] = curve
         return results
@@ -215,7 +218,8 @@ class SensitivityAnalysis:
     def _naive_layer(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> dict[float, float]:
         """NNI's rule: zero ``int(C * s)`` filters of the conv's weight and bias (or ``int(N * s)`` weights)."""
         module = self.target_layer[name]
-        weight: nn.Parameter = module.weight  # type: ignore[assignment]
+        weight = module.weight
+        assert isinstance(weight, torch.Tensor)
         curve: dict[float, float] = {}
         order = magnitude_order(weight) if self.element else None
         scores = None if self.element else CRITERIA[PRUNE_TYPES[self.prune_type]](weight)
@@ -227,8 +231,9 @@ class SensitivityAnalysis:
                 count = int(weight.shape[0] * sparsity) if weight.shape[0] > 1 else 0
                 filters = torch.tensor(lowest_channels(scores, count), dtype=torch.long, device=weight.device)
                 slices = [(weight.data, filters)]
-                if getattr(module, "bias", None) is not None:
-                    slices.append((module.bias.data, filters))
+                bias = getattr(module, "bias", None)
+                if bias is not None:
+                    slices.append((bias.data, filters))
             with zeroed(slices):
                 value = float(self.val_func(*args, **kwargs))
             curve[sparsity] = value
@@ -246,6 +251,12 @@ class SensitivityAnalysis:
         for name, curve in self.sensitivities.items():
             writer.writerow([name, *[curve[s] for s in sorted(curve)]])
         atomic_write_text(filepath, buffer.getvalue())
+
+
+def _score(variant: VariantRecord | None) -> float | None:
+    """The ``val_func`` score a variant recorded (None when not evaluated)."""
+    score = None if variant is None else variant.metric("score")
+    return None if score is None else float(score)
 
 
 def _sparsity_text(sparsity: float) -> str:

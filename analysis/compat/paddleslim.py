@@ -16,15 +16,17 @@ from analysis.config import (
     GROUP_REDUCTIONS,
     METRIC_MODES,
     METRICS,
+    SensitivityConfig,
     check_choice,
     check_granularity,
     normalise_ratios,
 )
 from analysis.engine._early_stop import early_stop_from
 from analysis.engine.evaluate import evaluate
-from analysis.engine.reference import EngineSettings
-from analysis.engine.run import run_analysis
+from analysis.engine.run import Selection, run_analysis
+from analysis.engine.settings import AnalysisData, EngineSettings
 from analysis.errors import ConfigError
+from analysis.inputs.device import model_device
 from analysis.io._fingerprint import json_fingerprint
 from analysis.planning.ratios import explain_target_loss
 
@@ -110,7 +112,7 @@ def analysis_prune(
         raise ConfigError("adaptive_bn=True needs calibration batches: pass calibration=<batches of training images>.")
     if precision is not None and not (0.0 < precision < 1.0 and engine == "fast"):
         raise ConfigError(f"precision must be between 0 and 1 and needs engine='fast', got {precision} with {engine}.")
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    device = model_device(model)
     if callable(data):
         if example_input is None:
             raise ConfigError("example_input is required when data is an eval function (it is used for tracing).")
@@ -128,10 +130,12 @@ def analysis_prune(
         first_images, first_labels = first
         example_input = first_images if example_input is None else example_input
         fingerprint = _batch_fingerprint(first_images, first_labels)
-    settings = EngineSettings(
-        ratios, criterion, group_reduction, metric, metric_mode, progress, engine, precision, seed, granularity,
-        early_stop, round_to, adaptive_bn,
+    section = SensitivityConfig(
+        pruned_ratios=ratios, criterion=criterion, group_reduction=group_reduction, metric=metric,
+        metric_mode=metric_mode, engine=engine, precision=precision, granularity=granularity, round_to=round_to,
+        adaptive_bn=adaptive_bn,
     )  # fmt: skip
+    settings = EngineSettings.from_section(section, seed=seed, progress=progress, early_stop=early_stop)
     calibration_fingerprint = None
     if adaptive_bn:
         assert calibration is not None
@@ -141,22 +145,23 @@ def analysis_prune(
         if isinstance(first_calibration, torch.Tensor):
             first_calibration = (first_calibration, None)
         calibration_fingerprint = _batch_fingerprint(*first_calibration[:2])
-    outcome = run_analysis(
-        model,
-        evaluate_model,
-        example_input.to(device),
-        analysis_file,
-        settings,
-        prune_params=prune_params,
-        target_loss=target_loss,
-        data_fingerprint=fingerprint,
-        config={"api": "analysis_prune", "pruned_ratios": ratios, "criterion": criterion, "metric": metric},
-        overwrite=overwrite,
+    analysis_data = AnalysisData(
+        evaluate=evaluate_model,
+        example_input=example_input.to(device),
         batches=batches,
-        names_key="prune_params",
-        skip_key="skip_params",
+        fingerprint=fingerprint,
         calibration=calibration if adaptive_bn else None,
         calibration_fingerprint=calibration_fingerprint,
+    )
+    outcome = run_analysis(
+        model,
+        analysis_data,
+        analysis_file,
+        settings,
+        selection=Selection(prune_params=prune_params, names_key="prune_params", skip_key="skip_params"),
+        target_loss=target_loss,
+        config={"api": "analysis_prune", "pruned_ratios": ratios, "criterion": criterion, "metric": metric},
+        overwrite=overwrite,
     )
     if target_loss is not None and outcome.ratios_file is not None:
         logger.info("%s Ratios: %s", explain_target_loss(target_loss), outcome.ratios_file)

@@ -2,12 +2,11 @@
 
 NNI 3.0 removed ``ChannelDependency`` and ``not_safe_to_prune`` (``nni.compression.pytorch.utils``); this module
 offers the same calls on top of this package's Torch-Pruning based channel groups (:mod:`analysis.structure.groups`),
-plus
-:func:`dependency_sets` and :func:`dependency_csv` (conv-only sets, ``run.py deps``). Its channel tracing also serves
-:mod:`analysis.compat.mask_conflict`. Where the results differ from NNI 2.10, each docstring says how and why. The main
-difference: depthwise convs and grouped convs whose output channels follow their input channels (ResNeXt) are in
-the dependency set of the conv that produces their input channels, because removing those channels removes their
-filters too; NNI lists them as sets of their own.
+plus :func:`dependency_sets` and :func:`dependency_csv` (conv-only sets, ``run.py deps``). Its channel tracing also
+serves :mod:`analysis.compat.mask_conflict`. Where the results differ from NNI 2.10, each docstring says how and why.
+The main difference: depthwise convs and grouped convs whose output channels follow their input channels (ResNeXt)
+are in the dependency set of the conv that produces their input channels, because removing those channels removes
+their filters too; NNI lists them as sets of their own.
 """
 
 from __future__ import annotations
@@ -17,11 +16,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
+from analysis.inputs.device import model_device
 from analysis.structure.groups import (
     build_dependency_graph,
     conv_execution_order,
@@ -38,6 +38,7 @@ SET_LAYER_TYPES = (nn.Conv2d, nn.ConvTranspose2d, nn.Linear)
 
 Channel = tuple[str, int]  # (layer name, output channel)
 BlockKey = tuple[str, str]  # (grouped conv name, "in" or "out")
+_Key = TypeVar("_Key")  # what a union-find forest joins: channels, or layer names
 
 
 # ------------------------------------------------------------------------------------------------ channel tracing
@@ -74,15 +75,17 @@ class Topology:
 
 def out_channels(module: nn.Module) -> int:
     """The number of output channels (filters) of a conv, transposed conv or linear layer."""
-    return module.out_features if isinstance(module, nn.Linear) else module.out_channels
+    if isinstance(module, nn.Linear):
+        return module.out_features
+    assert isinstance(module, nn.modules.conv._ConvNd)
+    return module.out_channels
 
 
-def model_device(model: nn.Module) -> torch.device:
-    """The device of the model's first parameter (or buffer); CPU for a model without tensors."""
-    tensor = next(model.parameters(), None)
-    if tensor is None:
-        tensor = next(model.buffers(), None)
-    return tensor.device if tensor is not None else torch.device("cpu")
+def layer_weight(module: nn.Module) -> torch.Tensor:
+    """The weight of a conv, transposed conv or linear layer."""
+    weight = module.weight
+    assert isinstance(weight, torch.Tensor)
+    return weight
 
 
 def example_tensor(model: nn.Module, dummy_input: Any) -> torch.Tensor:
@@ -97,7 +100,8 @@ def example_tensor(model: nn.Module, dummy_input: Any) -> torch.Tensor:
     return dummy_input.to(model_device(model))
 
 
-def _find(parent: dict[Any, Any], key: Any) -> Any:
+def _find(parent: dict[_Key, _Key], key: _Key) -> _Key:
+    """The root of ``key`` in the union-find forest ``parent`` (paths are halved on the way)."""
     while parent[key] != key:
         parent[key] = parent[parent[key]]
         key = parent[key]
@@ -145,12 +149,12 @@ def trace_topology(model: nn.Module, example: torch.Tensor) -> Topology:
         by_root[_find(parent, channel)].append(channel)
     layer_parent = {name: name for name in order}
     for channels in by_root.values():
-        first = _find(layer_parent, channels[0][0])
+        first_layer = _find(layer_parent, channels[0][0])
         for layer, _ in channels[1:]:
-            second = _find(layer_parent, layer)
-            if first != second:
-                first, second = sorted((first, second), key=position.__getitem__)
-                layer_parent[second] = first
+            second_layer = _find(layer_parent, layer)
+            if first_layer != second_layer:
+                first_layer, second_layer = sorted((first_layer, second_layer), key=position.__getitem__)
+                layer_parent[second_layer] = first_layer
     sets: dict[str, list[str]] = {}
     for name in order:
         sets.setdefault(_find(layer_parent, name), []).append(name)

@@ -15,9 +15,14 @@ skipped. Because the check reads only recorded metrics, a resumed run skips exac
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from analysis.errors import ConfigError
+
+if TYPE_CHECKING:
+    from analysis.io._store import AnalysisStore
 
 EARLY_STOP_MODES = ("minimize", "maximize", "dropped", "raised")
 
@@ -69,3 +74,46 @@ def early_stop_from(mode: str | None, value: float | None, key: str = "early_sto
     if value is None or not math.isfinite(float(value)):
         raise ConfigError(f"{key} is '{mode}' but {value_key} is not a finite number; set it (e.g. 0.05).")
     return EarlyStop(mode, float(value))
+
+
+class StopLedger:
+    """The early stops recorded in an analysis file: which ratios of a param are still due, and where it stopped.
+
+    Args:
+        store: The analysis file in progress (its sidecar holds each param's stop and variant metrics).
+        rule: The current early stop (None: no param stops).
+        metric: The metric the rule reads.
+        ratios: The ratios of the analysis.
+    """
+
+    def __init__(self, store: AnalysisStore, rule: EarlyStop | None, metric: str, ratios: Sequence[float]) -> None:
+        self.store, self.rule, self.metric, self.ratios = store, rule, metric, ratios
+
+    def pending(self, name: str) -> list[float]:
+        """The ratios of ``name`` still to evaluate: not in the file, and not beyond a recorded early stop (the
+        sidecar's ``early_stop`` entry is brought in line with the current rule, which may have changed)."""
+        stopped_at = self.stop_ratio(name)
+        if stopped_at is None:
+            self.store.clear_early_stop(name)
+        else:
+            self.mark([name], stopped_at)
+        return [r for r in self.ratios if not self.store.has(name, r) and (stopped_at is None or r <= stopped_at)]
+
+    def tripped(self, baseline: Mapping[str, float], metrics: Mapping[str, float]) -> bool:
+        """Whether a variant scoring ``metrics`` stops its param."""
+        return self.rule is not None and self.rule.tripped(float(baseline[self.metric]), float(metrics[self.metric]))
+
+    def mark(self, names: Sequence[str], ratio: float) -> None:
+        """Record in the sidecar that ``names`` stopped at ``ratio`` (and under which condition)."""
+        assert self.rule is not None
+        for name in names:
+            self.store.mark_early_stop(name, ratio, self.rule.describe())
+
+    def stop_ratio(self, name: str) -> float | None:
+        """The smallest recorded ratio of ``name`` whose metric trips the early stop (None: not stopped)."""
+        baseline = self.store.baseline
+        if self.rule is None or baseline is None or self.metric not in baseline:
+            return None
+        scores = {r: self.store.variant_metric(name, r, self.metric) for r in self.ratios}
+        base = float(baseline[self.metric])
+        return min((r for r, v in scores.items() if v is not None and self.rule.tripped(base, v)), default=None)

@@ -13,13 +13,16 @@ import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 import torch.fx as fx
 from torch import nn
 
 INPLACE_SUFFIX = "_"
+
+NodeValues: TypeAlias = dict[fx.Node, Any]
+"""The values of graph nodes (tensors mostly, but a node may produce any Python value)."""
 
 
 class UntraceableModel(Exception):
@@ -64,7 +67,7 @@ class GraphRunner:
         except Exception as error:  # tracing failures come in many types; all mean "not traceable"
             first_line = str(error).splitlines()[0] if str(error) else ""
             raise UntraceableModel(f"{type(error).__name__}: {first_line}") from error
-        self.nodes = list(self.module.graph.nodes)
+        self.nodes: list[fx.Node] = list(self.module.graph.nodes)
         self.index = {node: i for i, node in enumerate(self.nodes)}
         self.output = next(node for node in self.nodes if node.op == "output")
         if sum(node.op == "placeholder" for node in self.nodes) != 1:
@@ -73,23 +76,21 @@ class GraphRunner:
 
     def plan(self, modules: Iterable[nn.Module], parameters: Iterable[torch.Tensor]) -> SuffixPlan | None:
         """The suffix of a group made of ``modules`` and bare ``parameters``; None if it does not reach the output."""
-        modules, parameters = set(modules), {id(p) for p in parameters}
-        owned = {id(p) for m in modules for p in m.parameters(recurse=False)} | parameters
-        affected = [node for node in self.nodes if self._reads(node, modules, owned)]
-        suffix: set[fx.Node] = set()
-        stack = list(affected)
-        while stack:
-            node = stack.pop()
-            if node not in suffix:
-                suffix.add(node)
-                stack.extend(node.users)
+        module_set, parameter_ids = set(modules), {id(p) for p in parameters}
+        owned = {id(p) for m in module_set for p in m.parameters(recurse=False)} | parameter_ids
+        affected = [node for node in self.nodes if self._reads(node, module_set, owned)]
+        suffix = _reachable(affected, lambda node: node.users)
         if self.output not in suffix:
             return None
         ordered = [node for node in self.nodes if node in suffix]
         frontier = [node for node in self.nodes if node not in suffix and any(u in suffix for u in node.users)]
         plan = SuffixPlan(ordered, frontier, max(self.index[f] for f in frontier))
         plan.clone = {
-            arg for node in ordered if _in_place(self.module, node) for arg in node.args[:1] if arg in frontier
+            arg
+            for node in ordered
+            if _in_place(self.module, node)
+            for arg in node.args[:1]
+            if isinstance(arg, fx.Node) and arg in frontier
         }
         plan.release = _releases(ordered, keep={self.output})
         plan.cost = sum(self.node_cost[node] for node in ordered)
@@ -110,7 +111,7 @@ class GraphRunner:
     def _attribute(self, target: str) -> Any:
         return functools.reduce(getattr, target.split("."), self.module)
 
-    def execute(self, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+    def execute(self, node: fx.Node, env: NodeValues) -> Any:
         """Compute one node from the values of its inputs in ``env``."""
         args = fx.node.map_arg(node.args, env.__getitem__)
         kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
@@ -146,10 +147,10 @@ class GraphRunner:
             steps.append((node if node in needed else None, ready, free))
         return Schedule(steps)
 
-    def walk(self, inputs: torch.Tensor, schedule: Schedule, visit: Callable[[SuffixPlan, dict], None]) -> None:
+    def walk(self, inputs: torch.Tensor, schedule: Schedule, visit: Callable[[SuffixPlan, NodeValues], None]) -> None:
         """Run the unmodified graph on ``inputs`` just far enough to produce every plan's frontier; call
         ``visit(plan, frontier_values)`` as soon as a plan's frontier is complete."""
-        env: dict[fx.Node, Any] = {}
+        env: NodeValues = {}
         for node, ready, free in schedule.steps:
             if node is not None:
                 env[node] = inputs if node.op == "placeholder" else self.execute(node, env)
@@ -159,7 +160,7 @@ class GraphRunner:
                 del env[done]
 
     def run_suffix(
-        self, plan: SuffixPlan, frontier: dict[fx.Node, Any], capture: dict[fx.Node, list[Any]] | None = None
+        self, plan: SuffixPlan, frontier: NodeValues, capture: dict[fx.Node, list[Any]] | None = None
     ) -> torch.Tensor:
         """Run a plan's suffix from its frontier values and return the model output; the values of the nodes in
         ``capture`` are appended to their lists (copied when a later node would change them in place)."""
@@ -170,7 +171,8 @@ class GraphRunner:
                 capture[node].append(env[node].clone() if node in self._modified_in_place else env[node])
             for done in release:
                 env.pop(done, None)
-        return env[self.output]
+        logits: torch.Tensor = env[self.output]
+        return logits
 
     def cut_points(self) -> list[fx.Node]:
         """The nodes every path from the input to the output runs through, in order (the input first): a run can
@@ -205,10 +207,10 @@ class GraphRunner:
     def profile(self, inputs: torch.Tensor, repeats: int = 2) -> float:
         """Time every node on ``inputs`` (best of ``repeats`` runs) to estimate suffix costs; returns the total."""
         best = dict.fromkeys(self.nodes, float("inf"))
-        sync = torch.cuda.synchronize if inputs.is_cuda else (lambda: None)
+        sync: Callable[[], None] = torch.cuda.synchronize if inputs.is_cuda else (lambda: None)
         with torch.inference_mode():
             for _ in range(repeats):
-                env: dict[fx.Node, Any] = {}
+                env: NodeValues = {}
                 for node in self.nodes:
                     start = time.perf_counter()
                     env[node] = inputs if node.op == "placeholder" else self.execute(node, env)
@@ -229,13 +231,18 @@ def _in_place(module: fx.GraphModule, node: fx.Node) -> bool:
 
 
 def _ancestors(nodes: set[fx.Node]) -> set[fx.Node]:
+    return _reachable(nodes, lambda node: node.all_input_nodes)
+
+
+def _reachable(start: Iterable[fx.Node], step: Callable[[fx.Node], Iterable[fx.Node]]) -> set[fx.Node]:
+    """``start`` and every node reached from it by repeating ``step`` (users: the suffix; inputs: the ancestors)."""
     seen: set[fx.Node] = set()
-    stack = list(nodes)
+    stack = list(start)
     while stack:
         node = stack.pop()
         if node not in seen:
             seen.add(node)
-            stack.extend(node.all_input_nodes)
+            stack.extend(step(node))
     return seen
 
 

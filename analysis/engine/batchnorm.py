@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 import torch_pruning as tp
@@ -36,15 +36,17 @@ from analysis.structure.groups import (
 )
 
 BatchNorm = nn.modules.batchnorm._BatchNorm
+CalibrationBatch: TypeAlias = torch.Tensor | tuple[torch.Tensor, ...] | list[torch.Tensor]
+"""A calibration batch: images, or ``(images, labels, ...)``."""
 
 # Members whose remaining channels keep their values when some channels are removed.
 _CHANNEL_PRESERVING = (BatchNorm, nn.PReLU, nn.Parameter)
 
 
-def changed_sources(graph: tp.DependencyGraph, group: Iterable[Any]) -> list[Any]:
+def changed_sources(graph: tp.DependencyGraph, group: Iterable[Any]) -> list[nn.Module]:
     """The members of a removal group whose remaining outputs change: consumers that lose input channels,
     channel-normalising layers (LayerNorm/GroupNorm) and anything not known to preserve the remaining channels."""
-    sources: list[Any] = []
+    sources: list[nn.Module] = []
     for item in group:
         module = item.dep.target.module
         if not list(item.idxs) or isinstance(module, _CHANNEL_PRESERVING) or is_depthwise(module):
@@ -58,11 +60,11 @@ def changed_sources(graph: tp.DependencyGraph, group: Iterable[Any]) -> list[Any
     return sources
 
 
-def downstream_batchnorms(graph: tp.DependencyGraph, sources: Iterable[Any]) -> list[BatchNorm]:
+def downstream_batchnorms(graph: tp.DependencyGraph, sources: Iterable[nn.Module]) -> list[BatchNorm]:
     """Every BatchNorm (with running statistics) whose input depends on the output of one of ``sources``, in the
     graph's module order."""
     stack = [graph.module2node[module] for module in sources if module in graph.module2node]
-    seen: set[Any] = set()
+    seen: set[tp.dependency.Node] = set()
     found: set[BatchNorm] = set()
     while stack:
         node = stack.pop()
@@ -78,21 +80,31 @@ def downstream_batchnorms(graph: tp.DependencyGraph, sources: Iterable[Any]) -> 
 
 def affected_batchnorms(graph: tp.DependencyGraph, groups: Iterable[Iterable[Any]]) -> list[BatchNorm]:
     """The BatchNorm layers whose statistics the removal ``groups`` (applied together) change."""
-    sources: list[Any] = []
+    sources: list[nn.Module] = []
     for group in groups:
         sources.extend(m for m in changed_sources(graph, group) if m not in sources)
     return downstream_batchnorms(graph, sources)
 
 
-def layers_in_copy(model: nn.Module, copy: nn.Module, layers: Iterable[nn.Module]) -> list[Any]:
+def layers_in_copy(model: nn.Module, copy: nn.Module, layers: Iterable[BatchNorm]) -> list[BatchNorm]:
     """The layers of ``copy`` (a pruned deep copy of ``model``, same module names) that are ``layers`` in ``model``."""
-    return [copy.get_submodule(name) for name in batchnorm_names(model, layers)]
+    return batchnorms_named(copy, batchnorm_names(model, layers))
 
 
 def batchnorm_names(model: nn.Module, layers: Iterable[nn.Module]) -> list[str]:
     """Module names of ``layers`` in ``model`` (model order), to find the same layers in a pruned copy."""
     wanted = set(layers)
     return [name for name, module in model.named_modules() if module in wanted]
+
+
+def batchnorms_named(model: nn.Module, names: Iterable[str]) -> list[BatchNorm]:
+    """The BatchNorm layers of ``model`` called ``names`` (names from :func:`batchnorm_names`, same order)."""
+    layers: list[BatchNorm] = []
+    for name in names:
+        layer = model.get_submodule(name)
+        assert isinstance(layer, BatchNorm)
+        layers.append(layer)
+    return layers
 
 
 @dataclass
@@ -131,7 +143,7 @@ def statistics_kept(layers: Sequence[BatchNorm]) -> Iterator[None]:
 
 
 def reestimate(
-    model: nn.Module, layers: Sequence[BatchNorm], batches: Iterable[Any], max_batches: int | None = None
+    model: nn.Module, layers: Sequence[BatchNorm], batches: Iterable[CalibrationBatch], max_batches: int | None = None
 ) -> int:
     """Reset the running statistics of ``layers`` and re-estimate them as cumulative averages over ``batches``.
 
@@ -154,7 +166,7 @@ def reestimate(
 
 
 @contextmanager
-def reestimated(model: nn.Module, layers: Sequence[BatchNorm], batches: Iterable[Any]) -> Iterator[int]:
+def reestimated(model: nn.Module, layers: Sequence[BatchNorm], batches: Iterable[CalibrationBatch]) -> Iterator[int]:
     """:func:`reestimate` for the duration of the block; the original statistics are restored bit-exactly after
     it (also when the block raises). Yields the number of calibration images seen."""
     with statistics_kept(layers):
@@ -173,12 +185,12 @@ def estimation_pass(layers: Sequence[BatchNorm]) -> Iterator[Callable[[], None]]
         yield modes.close
 
 
-def batch_images(batch: Any) -> torch.Tensor:
+def batch_images(batch: CalibrationBatch) -> torch.Tensor:
     """The images of a calibration batch, given as ``images`` or ``(images, labels, ...)``."""
     return batch[0] if isinstance(batch, (tuple, list)) else batch
 
 
-def count_images(batches: Iterable[Any] | None) -> int:
+def count_images(batches: Iterable[CalibrationBatch] | None) -> int:
     """Images per pass over ``batches`` (a loader's ``num_samples``, else counted by iterating once)."""
     if batches is None:
         return 0
@@ -238,15 +250,21 @@ def recalibrate_copy(
     pruned: nn.Module,
     removals: Sequence[tuple[str, Sequence[int]]],
     example_input: torch.Tensor,
-    batches: Iterable[Any],
+    batches: Iterable[CalibrationBatch],
 ) -> CalibrationStats:
     """Re-estimate, in ``pruned`` (a physically pruned copy of ``model``), the BatchNorm statistics that the
     ``(conv name, channels)`` removals change; the other layers keep the dense model's statistics. ``pruned`` is
     left in eval mode with the new statistics."""
     with eval_mode(model):
         graph = build_dependency_graph(model, example_input)
-        groups = [removal_group(graph, model.get_submodule(name), channels) for name, channels in removals if channels]
+        groups = [removal_group(graph, _conv(model, name), channels) for name, channels in removals if channels]
         names = batchnorm_names(model, affected_batchnorms(graph, groups))
     pruned.eval()  # every other BatchNorm keeps using its running statistics while the affected ones re-estimate
-    images = reestimate(pruned, [pruned.get_submodule(name) for name in names], batches)
+    images = reestimate(pruned, batchnorms_named(pruned, names), batches)
     return CalibrationStats(names, images)
+
+
+def _conv(model: nn.Module, name: str) -> nn.Conv2d:
+    conv = model.get_submodule(name)
+    assert isinstance(conv, nn.Conv2d)
+    return conv

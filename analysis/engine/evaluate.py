@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from analysis.cli._logs import progress_disabled
+from analysis._progress import progress_disabled
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,9 @@
 
 Per batch, the unmodified model runs once (as a torch.fx graph) just far enough to produce every analysed param's
 frontier; each (param, ratio) variant then runs only the part of the graph its removal can change (see
-:mod:`analysis.engine._partition`). Params are processed in chunks of a few minutes of work, each chunk one pass over
-the
-(cached) data, and every chunk's results are saved before the next starts. Before that, every param's split is
-run on a few images and compared with a full masked forward pass; a param whose logits are not bit-identical
+:mod:`analysis.engine._partition`). Params are processed in chunks of a few minutes of work, each chunk one pass
+over the (cached) data, and every chunk's results are saved before the next starts. Before that, every param's split
+is run on a few images and compared with a full masked forward pass; a param whose logits are not bit-identical
 (the graph split would not reproduce eager execution) is evaluated by the reference path instead.
 """
 
@@ -14,33 +13,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
-import torch_pruning as tp
-from torch import nn
 from tqdm.auto import tqdm
 
 from analysis.engine._adaptive import PairedEstimate, per_sample
-from analysis.engine._partition import GraphRunner, Schedule, SuffixPlan, UntraceableModel
+from analysis.engine._partition import GraphRunner, NodeValues, Schedule, SuffixPlan, UntraceableModel
+from analysis.engine._variants import Prepared
 from analysis.engine.batchnorm import Estimation, batch_images, count_images
 from analysis.engine.evaluate import MetricSums
-from analysis.engine.reference import (
-    LOWER_IS_BETTER,
-    EngineReport,
-    EngineSettings,
-    Evaluator,
-    Prepared,
-    SensitivityEngine,
-    check_baseline,
-    check_finite,
-    format_metrics,
-)
-from analysis.io._store import AnalysisStore
+from analysis.engine.loss import LOWER_IS_BETTER, without_timing
+from analysis.engine.reference import EngineReport, RunState, SensitivityEngine
+from analysis.engine.settings import Metrics
 from analysis.structure.groups import PrunableParam
-from analysis.structure.masking import zeroed
+from analysis.structure.masking import Slice, zeroed
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +41,7 @@ class Variant:
     precision, the running paired estimate of its loss; with adaptive BN, its re-estimated BatchNorm statistics."""
 
     ratio: float
-    slices: list[tuple[torch.Tensor, Any]]
+    slices: list[Slice]
     sums: MetricSums = field(default_factory=MetricSums)
     estimate: PairedEstimate | None = None
     done: bool = False
@@ -72,25 +60,11 @@ class Job:
 class FastSensitivityEngine(SensitivityEngine):
     """Evaluates variants on graph suffixes; needs the data as re-iterable ``(images, labels)`` batches."""
 
-    def __init__(
-        self,
-        model: nn.Module,
-        evaluate: Evaluator,
-        example_input: torch.Tensor,
-        graph: tp.DependencyGraph,
-        settings: EngineSettings,
-        store: AnalysisStore,
-        batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-        calibration: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None,
-    ) -> None:
-        super().__init__(model, evaluate, example_input, graph, settings, store, calibration)
-        self.batches = batches
+    def run(self, params: Sequence[PrunableParam]) -> EngineReport:
+        """Like :meth:`SensitivityEngine.run`; falls back to it for a model torch.fx cannot trace."""
         self.runner: GraphRunner | None = None
         self.order = torch.empty(0, dtype=torch.long)  # adaptive precision: the random order of the images
         self.per_image: dict[str, torch.Tensor] = {}  # adaptive precision: baseline top1/top5/ce of every image
-
-    def run(self, params: Sequence[PrunableParam]) -> EngineReport:
-        """Like :meth:`SensitivityEngine.run`; falls back to it for a model torch.fx cannot trace."""
         try:
             self.runner = GraphRunner(self.model)
         except UntraceableModel as error:
@@ -98,97 +72,92 @@ class FastSensitivityEngine(SensitivityEngine):
             return super().run(params)
         return super().run(params)
 
-    def _baseline(self) -> dict:
+    def measure_baseline(self) -> Metrics:
         """With adaptive precision: one pass over the whole set in the seeded random order the variants will use,
         keeping every image's baseline top1/top5/ce for the paired differences (the stored baseline is not reused,
         it lacks them). Otherwise the reference engine's baseline."""
         if self.settings.precision is None:
-            return super()._baseline()
+            return super().measure_baseline()
+        assert self.data.batches is not None  # the fast engine is only made for data given as batches
         start = time.perf_counter()
-        images_total = count_images(self.batches)
+        images_total = count_images(self.data.batches)
         self.order = torch.randperm(images_total, generator=torch.Generator().manual_seed(self.settings.seed))
         self.per_image = {key: torch.empty(images_total, dtype=torch.float64) for key in ("top1", "top5", "ce")}
         sums = MetricSums()
         with torch.inference_mode():
-            for images, labels, index in ordered_batches(self.batches, self.order):
+            for images, labels, index in ordered_batches(self.data.batches, self.order):
                 logits = self.model(images)
                 sums.add(logits, labels)
                 for key, values in per_sample(logits, labels).items():
                     self.per_image[key][index] = values
         metrics = {**sums.result().metrics(), "seconds": round(time.perf_counter() - start, 3)}
-        check_finite(metrics, "baseline model")
-        check_baseline(metrics[self.settings.metric], self.settings.metric, self.settings.metric_mode)
-        self.store.set_baseline(metrics)
-        logger.info("Baseline: %s (adaptive precision +-%g)", format_metrics(metrics), self.settings.precision)
+        self.store_baseline(metrics, f" (adaptive precision +-{self.settings.precision:g})")
         return metrics
 
-    def _run_params(self, params: Sequence[PrunableParam], pending: dict[str, list[float]], baseline: dict,
-                    report: EngineReport, bar: tqdm) -> None:  # fmt: skip
+    def run_params(self, params: Sequence[PrunableParam], pending: Mapping[str, list[float]], state: RunState) -> None:
         if self.runner is None:
-            super()._run_params(params, pending, baseline, report, bar)
+            super().run_params(params, pending, state)
             return
         self.runner.profile(self.check_input, repeats=1)
         jobs: list[Job] = []
         for param in params:
             ratios = [r for r in pending[param.name] if not self.store.has(param.name, r)]
-            bar.update(len(pending[param.name]) - len(ratios))  # units filled in by a coupled param
+            state.bar.update(len(pending[param.name]) - len(ratios))  # units filled in by a coupled param
             if not ratios:
                 continue
-            prepared = self._prepare(param, ratios, report, bar)
+            prepared = self.prepare(param, ratios, state)
             if prepared is None:
                 continue
-            job = self._job(prepared, ratios, baseline, report, bar)
+            job = self._job(prepared, ratios, state)
             if job is not None:
                 jobs.append(job)
         if self.settings.early_stop is None:
-            for chunk in self._chunks(jobs, float(baseline.get("seconds", 1.0))):
-                self._run_chunk(chunk, baseline, report, bar)
+            for chunk in self._chunks(jobs, float(state.baseline.get("seconds", 1.0))):
+                self._run_chunk(chunk, state)
             return
-        self._run_in_stages(jobs, baseline, report, bar)
+        self._run_in_stages(jobs, state)
 
-    def _run_in_stages(self, jobs: list[Job], baseline: dict, report: EngineReport, bar: tqdm) -> None:
+    def _run_in_stages(self, jobs: list[Job], state: RunState) -> None:
         """With early stop: pass ``k`` evaluates every param's ``k``-th ratio, so a param that stops is not
         evaluated at its larger ratios (one walk of the unpruned prefix per stage instead of one in all)."""
         active = [job for job in jobs if job.variants]
         stage = 0
         while active:
             staged = [Job(job.prepared, job.plan, [job.variants[stage]]) for job in active]
-            for chunk in self._chunks(staged, float(baseline.get("seconds", 1.0))):
-                self._run_chunk(chunk, baseline, report, bar)
+            for chunk in self._chunks(staged, float(state.baseline.get("seconds", 1.0))):
+                self._run_chunk(chunk, state)
             stage += 1
             still = []
             for job in active:
                 remaining = len(job.variants) - stage
-                if remaining and self.stop_ratio(job.prepared.param.name) is not None:
-                    bar.update(remaining)  # skipped by the early stop
+                if remaining and self.stops.stop_ratio(job.prepared.param.name) is not None:
+                    state.bar.update(remaining)  # skipped by the early stop
                 elif remaining:
                     still.append(job)
             active = still
 
-    def _job(self, prepared: Prepared, ratios: Sequence[float], baseline: dict, report: EngineReport,
-             bar: tqdm) -> Job | None:  # fmt: skip
+    def _job(self, prepared: Prepared, ratios: Sequence[float], state: RunState) -> Job | None:
         """Plan a masked param's suffix; physical params and variants removing nothing are done right away."""
         assert self.runner is not None
         if prepared.mode == "physical":
-            self._evaluate_ratios(prepared, ratios, baseline, report, bar)
+            self.evaluate_ratios(prepared, ratios, state)
             return None
         plan = self.runner.plan(*self.changed_layers(prepared))
         if plan is None or not self.runner.runs_all(plan, prepared.batchnorms):
-            self._evaluate_ratios(prepared, ratios, baseline, report, bar)
+            self.evaluate_ratios(prepared, ratios, state)
             return None
         variants: list[Variant] = []
         for position, ratio in enumerate(ratios):
             if not prepared.removal[ratio]:  # removes nothing: the baseline's metrics
-                unchanged = {k: v for k, v in baseline.items() if k != "seconds"}
-                if self._record(prepared, ratio, unchanged, baseline, 0.0, report, bar):
-                    bar.update(len(ratios) - position - 1)
+                if self.record(prepared, ratio, without_timing(state.baseline), state, 0.0):
+                    state.bar.update(len(ratios) - position - 1)
                     return None
                 continue
             variants.append(
                 Variant(
                     ratio,
-                    self.variant_slices(prepared, ratio),
-                    estimate=self._new_estimate(baseline),
+                    self.slices(prepared, ratio),
+                    estimate=self._new_estimate(state.baseline),
                     batchnorm=Estimation(prepared.batchnorms) if self.settings.adaptive_bn else None,
                 )
             )
@@ -196,11 +165,11 @@ class FastSensitivityEngine(SensitivityEngine):
         if checked is not None and not self._split_matches_eager(plan, checked, prepared):
             logger.info("%s: the graph split differs from eager execution; using the reference path for it.",
                         prepared.param.name)  # fmt: skip
-            self._evaluate_ratios(prepared, [v.ratio for v in variants], baseline, report, bar)
+            self.evaluate_ratios(prepared, [v.ratio for v in variants], state)
             return None
         return Job(prepared, plan, variants) if variants else None
 
-    def _new_estimate(self, baseline: dict) -> PairedEstimate | None:
+    def _new_estimate(self, baseline: Metrics) -> PairedEstimate | None:
         if self.settings.precision is None:
             return None
         metric = self.settings.metric
@@ -216,25 +185,13 @@ class FastSensitivityEngine(SensitivityEngine):
         assert self.runner is not None and prepared.check.masked_logits is not None
         runner, logits = self.runner, {}
 
-        def visit(plan: SuffixPlan, frontier: dict) -> None:
+        def visit(plan: SuffixPlan, frontier: NodeValues) -> None:
             with zeroed(variant.slices):
                 logits["suffix"] = runner.run_suffix(plan, frontier)
 
         with torch.inference_mode():
             runner.walk(self.check_input, runner.schedule([plan]), visit)
         return torch.equal(logits["suffix"], prepared.check.masked_logits)
-
-    def _evaluate_ratios(self, prepared: Prepared, ratios: Sequence[float], baseline: dict, report: EngineReport,
-                         bar: tqdm) -> None:  # fmt: skip
-        """The reference path for one prepared param (physical mode, or a split that did not reproduce eager)."""
-        for ratio in sorted(ratios):
-            if self.store.has(prepared.param.name, ratio):
-                continue
-            start = time.perf_counter()
-            metrics = self._evaluate_variant(prepared, ratio)
-            if self._record(prepared, ratio, metrics, baseline, time.perf_counter() - start, report, bar):
-                bar.update(sum(not self.store.has(prepared.param.name, r) for r in ratios if r > ratio))
-                return
 
     def _chunks(self, jobs: list[Job], baseline_seconds: float) -> list[list[Job]]:
         """Group jobs (in model order) so that each pass over the data is about ``CHUNK_SECONDS`` of work."""
@@ -251,7 +208,7 @@ class FastSensitivityEngine(SensitivityEngine):
             estimate += cost
         return [chunk for chunk in chunks if chunk]
 
-    def _run_chunk(self, chunk: list[Job], baseline: dict, report: EngineReport, bar: tqdm) -> None:
+    def _run_chunk(self, chunk: list[Job], state: RunState) -> None:
         """One pass over the data for a chunk of jobs: walk each batch once, run every variant's suffix on it.
 
         With adaptive precision the pass follows the baseline's random order and a variant stops as soon as its
@@ -268,14 +225,9 @@ class FastSensitivityEngine(SensitivityEngine):
         for job in chunk:
             for position, variant in enumerate(job.variants):  # in increasing ratio order
                 metrics = variant.sums.result().metrics()
-                estimate = None
-                if variant.estimate is not None:
-                    low, high = variant.estimate.interval()
-                    estimate = {"loss": variant.estimate.loss(), "interval": [low, high],
-                                "samples": variant.estimate.count, "precision": self.settings.precision}  # fmt: skip
                 seconds_each = seconds / variants
-                if self._record(job.prepared, variant.ratio, metrics, baseline, seconds_each, report, bar, estimate):
-                    bar.update(len(job.variants) - position - 1)  # early stop: the larger ratios are dropped
+                if self.record(job.prepared, variant.ratio, metrics, state, seconds_each, variant.estimate):
+                    state.bar.update(len(job.variants) - position - 1)  # early stop: the larger ratios are dropped
                     break
         logger.debug("Chunk of %d conv(s): %d variants in %.1f s.", len(chunk), variants, seconds)
 
@@ -283,15 +235,15 @@ class FastSensitivityEngine(SensitivityEngine):
         """Adaptive BN: one pass over the calibration batches re-estimates the affected BatchNorm statistics of every
         variant of the chunk; per batch the unpruned prefix runs once and each variant's suffix once, in train mode
         for its affected layers only (they all lie in its suffix), from where its previous batch left them."""
-        assert self.runner is not None and self.calibration is not None
+        assert self.runner is not None and self.data.calibration is not None
         runner, by_plan = self.runner, {id(job.plan): job for job in chunk}
-        disable = self._progress_disabled()
-        total = getattr(self.calibration, "num_samples", None)
+        disable = self.progress_disabled()
+        total = getattr(self.data.calibration, "num_samples", None)
         with tqdm(total=total, desc="calibrate", unit="img", disable=disable, leave=False) as inner:
-            for batch in self.calibration:
+            for batch in self.data.calibration:
                 images = batch_images(batch).to(self.device, non_blocking=True)
 
-                def visit(plan: SuffixPlan, frontier: dict, count: int = len(images)) -> None:
+                def visit(plan: SuffixPlan, frontier: NodeValues, count: int = len(images)) -> None:
                     for variant in by_plan[id(plan)].variants:
                         assert variant.batchnorm is not None
                         with zeroed(variant.slices), variant.batchnorm.step(count):
@@ -308,13 +260,13 @@ class FastSensitivityEngine(SensitivityEngine):
         runner = self.runner
         by_plan = {id(job.plan): job for job in chunk}
         active = list(chunk)
-        disable = self._progress_disabled()
+        disable = self.progress_disabled()
         adaptive = self.settings.precision is not None
-        total = len(self.order) if adaptive else getattr(self.batches, "num_samples", None)
+        total = len(self.order) if adaptive else getattr(self.data.batches, "num_samples", None)
         with tqdm(total=total, desc=f"{len(chunk)} conv(s)", unit="img", disable=disable, leave=False) as inner:
             for images, labels, index in self._batches():
 
-                def visit(plan: SuffixPlan, frontier: dict, labels: torch.Tensor = labels,
+                def visit(plan: SuffixPlan, frontier: NodeValues, labels: torch.Tensor = labels,
                           index: torch.Tensor | None = index) -> None:  # fmt: skip
                     for variant in by_plan[id(plan)].variants:
                         if variant.done:
@@ -343,10 +295,11 @@ class FastSensitivityEngine(SensitivityEngine):
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
         """The data for one pass: in order, or in the baseline's random order (with image indices) for precision."""
+        assert self.data.batches is not None  # the fast engine is only made for data given as batches
         if self.settings.precision is not None:
-            yield from ordered_batches(self.batches, self.order)
+            yield from ordered_batches(self.data.batches, self.order)
             return
-        for images, labels in self.batches:
+        for images, labels in self.data.batches:
             yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True), None
 
     def _worse_by(self, logits: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -1,24 +1,24 @@
 """One whole analysis: find the prunable convs, resume the analysis file, run the engine, derive ratios.
 
 Shared by the command line (:mod:`analysis.cli.main`) and the Python API
-(:func:`analysis.compat.paddleslim.analysis_prune`), so both
-write the same files: the pickle, its JSON sidecar and, with a ``target_loss``, the ratios YAML.
+(:func:`analysis.compat.paddleslim.analysis_prune`), so both write the same files: the pickle, its JSON sidecar and,
+with a ``target_loss``, the ratios YAML.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch_pruning as tp
 from torch import nn
 
 from analysis.engine.fast import FastSensitivityEngine
-from analysis.engine.reference import EngineReport, EngineSettings, Evaluator, SensitivityEngine
+from analysis.engine.reference import EngineReport, SensitivityEngine
+from analysis.engine.settings import AnalysisData, EngineSettings
 from analysis.io._fingerprint import model_fingerprint
 from analysis.io._lock import exclusive
 from analysis.io._store import AnalysisStore, Fingerprint
@@ -57,78 +57,72 @@ class AnalysisOutcome:
         """Conv weights that were not analysed, with the reason (structural or found while running)."""
         reasons = {p.name: p.reason for p in self.params if p.reason}
         reasons.update(self.report.skipped)
-        return reasons  # type: ignore[return-value]
+        return reasons
+
+
+@dataclass(frozen=True, kw_only=True)
+class Selection:
+    """Which params a run analyses, and how to name the keys that chose them in error messages.
+
+    Attributes:
+        prune_params: Conv weights to analyse (default: every prunable one).
+        skip_params: Conv weights to leave out.
+        names_key: How to name ``prune_params`` in error messages.
+        skip_key: How to name ``skip_params`` in error messages.
+        shard: Analyse only this deterministic share of the params (see :mod:`analysis.scale._shards`).
+    """
+
+    prune_params: Sequence[str] | None = None
+    skip_params: Sequence[str] = ()
+    names_key: str = "SensitivityAnalysis.prune_params_name"
+    skip_key: str = "SensitivityAnalysis.skip_params"
+    shard: ShardSpec | None = None
 
 
 def run_analysis(
     model: nn.Module,
-    evaluate: Evaluator,
-    example_input: torch.Tensor,
+    data: AnalysisData,
     analysis_file: str | Path,
     settings: EngineSettings,
-    prune_params: Sequence[str] | None = None,
-    skip_params: Sequence[str] = (),
+    *,
+    selection: Selection = Selection(),
     target_loss: float | None = None,
-    data_fingerprint: str | None = None,
     config: Mapping[str, Any] | None = None,
     overwrite: bool = False,
-    names_key: str = "SensitivityAnalysis.prune_params_name",
-    skip_key: str = "SensitivityAnalysis.skip_params",
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None,
-    shard: ShardSpec | None = None,
     baseline_only: bool = False,
     baseline: Mapping[str, float] | None = None,
-    calibration: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None,
-    calibration_fingerprint: str | None = None,
 ) -> AnalysisOutcome:
     """Analyse ``model`` and write the analysis file (resuming it), its sidecar and, with ``target_loss``, ratios.
 
     Args:
-        model: The model, on the device of ``example_input`` (analysed in eval mode; its flags are restored).
-        evaluate: Returns the metrics of a model, including ``settings.metric``.
-        example_input: An input batch for tracing and for checking masking against physical pruning.
+        model: The model, on the device of ``data.example_input`` (analysed in eval mode; its flags are restored).
+        data: What variants are evaluated on (with ``data.batches`` the fast engine can run).
         analysis_file: The pickle to resume and write.
         settings: Ratios, criterion, metric and how losses are computed.
-        prune_params: Conv weights to analyse (default: every prunable one).
-        skip_params: Conv weights to leave out.
+        selection: Which params to analyse.
         target_loss: Derive per-layer ratios keeping each layer's loss under this.
-        data_fingerprint: Identifies the evaluation data and preprocessing (None when unknown, e.g. a callable).
         config: The resolved configuration, stored in the sidecar.
         overwrite: Replace an existing analysis file instead of resuming it.
-        names_key: How to name ``prune_params`` in error messages.
-        skip_key: How to name ``skip_params`` in error messages.
-        batches: The evaluation data as re-iterable batches, which the fast engine needs (``evaluate`` must compute
-            its metrics over exactly these batches); without them the reference engine runs.
-        shard: Analyse only this deterministic share of the params (see :mod:`analysis.scale._shards`).
         baseline_only: Measure (or reuse) the baseline and save the file, evaluating no variant.
         baseline: The unpruned model's metrics when the caller has just measured them (used unless the file holds
             a baseline already), so the engine does not evaluate it again.
-        calibration: Batches of calibration images (``settings.adaptive_bn`` re-estimates BatchNorm statistics on
-            them before evaluating each variant).
-        calibration_fingerprint: Identifies those images and their preprocessing (part of the resume fingerprint).
     """
+    example_input = data.example_input
     with eval_mode(model), exclusive(analysis_file):  # training flags restored; one writer per analysis file
         graph = build_dependency_graph(model, example_input)
         order = conv_execution_order(model, example_input)
         element = settings.granularity == "element"
         params = element_params(model) if element else describe_convs(model, graph, order)
-        analysed = select_params(params, prune_params, skip_params, key=names_key, skip_key=skip_key)
-        if shard is not None:
-            analysed = shard_params(analysed, CostModel(model, example_input).dense.per_module, order, shard)
+        analysed = select_params(
+            params, selection.prune_params, selection.skip_params, key=selection.names_key, skip_key=selection.skip_key
+        )
+        if selection.shard is not None:
+            per_module = CostModel(model, example_input).dense.per_module
+            analysed = shard_params(analysed, per_module, order, selection.shard)
         fingerprint = Fingerprint(
             model=model_fingerprint(model),
-            data=data_fingerprint,
-            settings={
-                "criterion": settings.criterion,
-                "group_reduction": settings.group_reduction,
-                "metric": settings.metric,
-                "metric_mode": settings.metric_mode,
-                # exact and estimated losses never mix in one file
-                "precision": None if settings.precision is None else [settings.precision, settings.seed],
-                **({"granularity": "element"} if element else {}),  # filter files from earlier versions resume
-                **({"round_to": settings.round_to} if settings.round_to > 1 else {}),
-                **({"adaptive_bn": True, "calibration": calibration_fingerprint} if settings.adaptive_bn else {}),
-            },
+            data=data.fingerprint,
+            settings=settings.fingerprint(calibration=data.calibration_fingerprint),
         )
         store = AnalysisStore(analysis_file, fingerprint, [p.name for p in params], overwrite=overwrite, config=config)
         if baseline is not None and store.baseline is None:
@@ -144,36 +138,23 @@ def run_analysis(
             ", ".join(f"{r:g}" for r in settings.ratios),
             settings.criterion,
         )
-        engine = make_engine(model, evaluate, example_input, graph, settings, store, batches, calibration)
-        report = engine.run([] if baseline_only else analysed)
+        report = make_engine(model, data, graph, settings, store).run([] if baseline_only else analysed)
         store.save()  # also when nothing was evaluated: the sidecar then records the baseline and every reason
         outcome = AnalysisOutcome(Path(analysis_file), store.ordered(), params, analysed, report)
-        outcome.early_stopped = {
-            name: float(info["early_stop"]["ratio"])
-            for name, info in store.sidecar["params"].items()
-            if isinstance(info.get("early_stop"), dict)
-        }
+        outcome.early_stopped = store.early_stops()
         if target_loss is not None:
             derive_ratios(outcome, target_loss, settings.criterion, settings.granularity)
         return outcome
 
 
 def make_engine(
-    model: nn.Module,
-    evaluate: Evaluator,
-    example_input: torch.Tensor,
-    graph: tp.DependencyGraph,
-    settings: EngineSettings,
-    store: AnalysisStore,
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]] | None,
-    calibration: Iterable[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    model: nn.Module, data: AnalysisData, graph: tp.DependencyGraph, settings: EngineSettings, store: AnalysisStore
 ) -> SensitivityEngine:
     """The engine ``settings.engine`` asks for; the fast one needs the data as batches."""
-    if settings.engine == "fast":
-        if batches is not None:
-            return FastSensitivityEngine(model, evaluate, example_input, graph, settings, store, batches, calibration)
+    if settings.engine == "fast" and data.batches is None:
         logger.info("The fast engine needs the data as batches (not an eval function); using the reference engine.")
-    return SensitivityEngine(model, evaluate, example_input, graph, settings, store, calibration)
+    fast = settings.engine == "fast" and data.batches is not None
+    return (FastSensitivityEngine if fast else SensitivityEngine)(model, data, graph, settings, store)
 
 
 def derive_ratios(outcome: AnalysisOutcome, target_loss: float, criterion: str, granularity: str = "filter") -> None:

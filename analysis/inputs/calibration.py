@@ -182,8 +182,10 @@ def read_calibration_samples(source: CalibrationSource, data_dir: str | Path) ->
 
 def calibration_preprocess(cfg: GlobalConfig) -> Preprocess:
     """The evaluation preprocessing, with ``Global.calib_resize_size``/``calib_img_size`` replacing their fields."""
-    overrides = {"resize_size": cfg.calib_resize_size, "img_size": cfg.calib_img_size}
-    return dataclasses.replace(Preprocess.from_config(cfg), **{k: v for k, v in overrides.items() if v is not None})
+    preprocess = Preprocess.from_config(cfg)
+    resize_size = preprocess.resize_size if cfg.calib_resize_size is None else cfg.calib_resize_size
+    img_size = preprocess.img_size if cfg.calib_img_size is None else cfg.calib_img_size
+    return dataclasses.replace(preprocess, resize_size=resize_size, img_size=img_size)
 
 
 def build_calibration_set(

@@ -30,7 +30,7 @@ from torchvision.transforms.functional import convert_image_dtype
 from torchvision.transforms.v2 import functional as TF
 from tqdm.auto import tqdm
 
-from analysis.cli._logs import progress_disabled
+from analysis._progress import progress_disabled
 from analysis.config import GlobalConfig
 from analysis.errors import DataError
 from analysis.io._fingerprint import json_fingerprint
@@ -75,7 +75,13 @@ class Preprocess:
     @classmethod
     def from_config(cls, cfg: GlobalConfig) -> Preprocess:
         """Build from the ``Global`` block."""
-        return cls(cfg.img_size, cfg.resize_size, cfg.interpolation, tuple(cfg.mean), tuple(cfg.std))
+        return cls(cfg.img_size, cfg.resize_size, cfg.interpolation, _rgb(cfg.mean), _rgb(cfg.std))
+
+
+def _rgb(values: Sequence[float]) -> tuple[float, float, float]:
+    """One value per channel (the config check makes sure there are three)."""
+    red, green, blue = values
+    return red, green, blue
 
 
 def find_samples(data_dir: str | Path, val_list: str = "val_list.txt") -> tuple[list[Sample], str]:
@@ -209,16 +215,22 @@ def load_image(path: str, preprocess: Preprocess) -> torch.Tensor:
     with Image.open(path) as image:
         rgb = image.convert("RGB")
     resized = TF.resize(rgb, [preprocess.resize_size], interpolation=INTERPOLATION_MODES[preprocess.interpolation])
-    return TF.pil_to_tensor(TF.center_crop(resized, [preprocess.img_size]))
+    image_tensor: torch.Tensor = TF.pil_to_tensor(TF.center_crop(resized, [preprocess.img_size]))
+    return image_tensor
 
 
 def normalize_batch(images: torch.Tensor, preprocess: Preprocess) -> torch.Tensor:
     """Convert uint8 (N, 3, H, W) images to normalised float32, bit-identical to torchvision's weights.transforms()."""
     floats = convert_image_dtype(images, torch.float32)
-    return TF.normalize(floats, list(preprocess.mean), list(preprocess.std))
+    normalized: torch.Tensor = TF.normalize(floats, list(preprocess.mean), list(preprocess.std))
+    return normalized
 
 
-class ImageListDataset(Dataset):
+Item = tuple[torch.Tensor | ReadFailure, int]
+"""One dataset item: a decoded image (or why it could not be decoded) and its label."""
+
+
+class ImageListDataset(Dataset[Item]):
     """Decodes the listed images; a decode failure is returned as a :class:`ReadFailure`, not raised.
 
     Returning failures as values lets the main process raise one clean :class:`DataError` that names the file,
@@ -232,7 +244,7 @@ class ImageListDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor | ReadFailure, int]:
+    def __getitem__(self, index: int) -> Item:
         sample = self.samples[index]
         try:
             return load_image(sample.path, self.preprocess), sample.label
@@ -253,11 +265,13 @@ class CollateImages:
 
     preprocess: Preprocess | None = None
 
-    def __call__(self, items: list[tuple[torch.Tensor | ReadFailure, int]]) -> Batch | ReadFailure:
+    def __call__(self, items: list[Item]) -> Batch | ReadFailure:
+        decoded: list[torch.Tensor] = []
         for image, _ in items:
             if isinstance(image, ReadFailure):
                 return image
-        images = torch.stack([image for image, _ in items])  # type: ignore[misc]
+            decoded.append(image)
+        images = torch.stack(decoded)
         labels = torch.tensor([label for _, label in items], dtype=torch.long)
         if self.preprocess is not None:
             images = normalize_batch(images, self.preprocess)
@@ -292,7 +306,7 @@ class EvalLoader:
         self.cached: tuple[torch.Tensor, torch.Tensor] | None = None
         self.loader = self._data_loader(normalise_in_workers=device.type == "cpu" and num_workers > 0)
 
-    def _data_loader(self, normalise_in_workers: bool, persistent: bool = True) -> DataLoader:
+    def _data_loader(self, normalise_in_workers: bool, persistent: bool = True) -> DataLoader[Item]:
         return DataLoader(
             ImageListDataset(self.samples, self.preprocess),
             batch_size=self.batch_size,
@@ -326,7 +340,7 @@ class EvalLoader:
                 images = normalize_batch(images, self.preprocess)
             yield images, labels.to(self.device, non_blocking=True)
 
-    def _raw_batches(self, loader: DataLoader) -> Iterator[Batch]:
+    def _raw_batches(self, loader: DataLoader[Item]) -> Iterator[Batch]:
         for batch in loader:
             if isinstance(batch, ReadFailure):
                 raise DataError(f"{batch.source}: image {batch.path} cannot be decoded ({batch.reason}).")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from analysis.errors import ConfigError
 
@@ -27,3 +28,11 @@ def resolve_device(spec: str = "auto") -> torch.device:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError("Global.device is 'mps' but Apple's MPS backend is not available; use auto or cpu.")
     return device
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (or buffer); CPU for a model without tensors."""
+    tensor: torch.Tensor | None = next(model.parameters(), None)
+    if tensor is None:
+        tensor = next(model.buffers(), None)
+    return tensor.device if tensor is not None else torch.device("cpu")

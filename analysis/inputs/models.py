@@ -25,6 +25,7 @@ import sys
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -32,7 +33,7 @@ import torchvision
 from torch import nn
 
 from analysis.config import GlobalConfig
-from analysis.errors import ModelError, did_you_mean
+from analysis.errors import ModelError, did_you_mean, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ def _import_callable(spec: str) -> Callable[..., Any]:
             module = importlib.import_module(target)
         except ImportError as error:
             raise ModelError(f"Global.arch: cannot import module '{target}' ({error}).") from None
-    obj: Any = module
+    obj: object = module
     for part in attr_path.split("."):
         if not hasattr(obj, part):
             public = [name for name in dir(obj) if not name.startswith("_")]
@@ -154,7 +155,7 @@ def _import_callable(spec: str) -> Callable[..., Any]:
     return obj
 
 
-def _import_file(path: Path) -> Any:
+def _import_file(path: Path) -> ModuleType:
     if not path.is_file():
         raise ModelError(f"Global.arch: model file {path} does not exist (relative paths start at the current folder).")
     resolved = path.resolve()
@@ -295,13 +296,8 @@ def load_pickled_module(path: Path, trusted: bool) -> nn.Module:
     return obj
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {_first_line(error)}"
+    return f"{type(error).__name__}: {first_line(error)}"
 
 
 def count_outputs(model: nn.Module, img_size: int, device: torch.device) -> int:
@@ -316,7 +312,7 @@ def count_outputs(model: nn.Module, img_size: int, device: torch.device) -> int:
             output = model(dummy)
     except RuntimeError as error:
         raise ModelError(
-            f"The model cannot run on a 3x{img_size}x{img_size} image ({_first_line(error)}); "
+            f"The model cannot run on a 3x{img_size}x{img_size} image ({first_line(error)}); "
             "check Global.img_size and the architecture."
         ) from None
     if not isinstance(output, torch.Tensor) or output.dim() != 2:

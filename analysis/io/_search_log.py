@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from analysis.errors import AnalysisFileError
+from analysis.io import sidecar as schema
 from analysis.io._fingerprint import json_fingerprint
-from analysis.io.results import load_sidecar, save_sidecar
+from analysis.io.sidecar import Sidecar
 from analysis.planning._joint import JointScore, Pick
 
 logger = logging.getLogger(__name__)
@@ -27,8 +28,6 @@ class SearchLog:
     the plan, not by the budget or the target, so searches for other targets reuse them too. A line a kill cut off
     is removed; the evaluation it held is simply made again.
     """
-
-    SECTION = "plan_search"
 
     def __init__(self, analysis_file: str | Path, key: Mapping[str, Any]) -> None:
         self.analysis_file = Path(analysis_file)
@@ -102,10 +101,10 @@ class SearchLog:
 
     def copy_to_sidecar(self) -> None:
         """Keep this key's evaluations in the sidecar too (``plan_search.<key>``: what they depend on, and each)."""
-        sidecar = load_sidecar(self.analysis_file) or {}
+        sidecar = schema.load(self.analysis_file) or Sidecar()
         evaluations = [{k: v for k, v in entry.items() if k != "key"} for entry in self.entries]
-        sidecar.setdefault(self.SECTION, {})[self.key] = {"key": self.description, "evaluations": evaluations}
-        save_sidecar(self.analysis_file, sidecar)
+        sidecar.keep_search_log(self.key, self.description, evaluations)
+        schema.save(self.analysis_file, sidecar)
 
 
 def search_log_path(analysis_file: str | Path) -> Path:

@@ -1,14 +1,15 @@
 """The analysis file while a run is in progress: resume, same-model checks, and a durable save after every unit.
 
 The pickle (PaddleSlim's format) is the source of truth for which (param, ratio) pairs are done; the JSON sidecar
-holds everything else (baseline, per-variant metrics, groups, fingerprints, the resolved config). After each
-finished unit the sidecar is written first and the pickle second, both atomically, so a crash at any moment
-leaves a loadable pickle whose every entry has been measured.
+(:mod:`analysis.io.sidecar`) holds everything else (baseline, per-variant metrics, groups, fingerprints, the resolved
+config). After each finished unit the sidecar is written first and the pickle second, both atomically, so a crash at
+any moment leaves a loadable pickle whose every entry has been measured.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,15 +18,25 @@ from typing import Any
 
 from analysis import __version__
 from analysis.errors import AnalysisFileError
+from analysis.io import sidecar as schema
 from analysis.io.results import (
     Sensitivities,
     load_sensitivities,
-    load_sidecar,
     normalise_ratio,
     remove_stale_temporaries,
     save_sensitivities,
-    save_sidecar,
     sidecar_path,
+)
+from analysis.io.sidecar import (
+    ConfigRecord,
+    CostRecord,
+    EarlyStopRecord,
+    FingerprintRecord,
+    ParamRecord,
+    Sidecar,
+    ToolRecord,
+    VariantRecord,
+    variant_key,
 )
 
 logger = logging.getLogger(__name__)
@@ -47,6 +58,18 @@ class Fingerprint:
         """JSON form stored in the sidecar."""
         return {"model": self.model, "data": self.data, "settings": self.settings}
 
+    def record(self) -> FingerprintRecord:
+        """The sidecar's record of this fingerprint."""
+        return FingerprintRecord.from_json(self.as_dict(), "fingerprint")
+
+    @classmethod
+    def of(cls, record: FingerprintRecord | None) -> Fingerprint:
+        """The fingerprint a sidecar records (parts it lacks are unknown)."""
+        if record is None:
+            return cls(None, None)
+        settings = record.settings.to_json() if record.settings is not None else {}
+        return cls(model=record.model, data=record.data, settings=settings)
+
 
 class AnalysisStore:
     """In-memory sensitivities and sidecar of one analysis file, saved after every recorded unit.
@@ -57,16 +80,16 @@ class AnalysisStore:
         model_order: Parameter names in model order; the file lists them first, in this order, then any names
             the model lacks (kept from an earlier file), so resumed and uninterrupted runs write identical bytes.
         overwrite: Start afresh even if the file exists.
-        config: The resolved configuration, stored in the sidecar.
+        config: The resolved configuration, stored in the sidecar (default: the one the file holds).
     """
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | os.PathLike[str],
         fingerprint: Fingerprint,
         model_order: Sequence[str],
         overwrite: bool = False,
-        config: Mapping[str, Any] | None = None,
+        config: Mapping[str, Any] | ConfigRecord | None = None,
     ) -> None:
         self.path = Path(path)
         self.fingerprint = fingerprint
@@ -75,24 +98,24 @@ class AnalysisStore:
             for temp in remove_stale_temporaries(path):
                 logger.info("Removed %s, left by an interrupted save.", temp.name)
         self.sensitivities: Sensitivities = {} if overwrite else load_sensitivities(self.path)
-        sidecar = None if overwrite else load_sidecar(self.path)
-        if sidecar is not None:
-            self._check_fingerprint(sidecar.get("fingerprint") or {})
+        stored = None if overwrite else schema.load(self.path)
+        if stored is not None:
+            self._check_fingerprint(Fingerprint.of(stored.fingerprint))
         elif self.sensitivities:
             logger.warning(
                 "%s has no sidecar (%s), so it cannot be checked against this model and data; resuming anyway.",
                 self.path,
                 sidecar_path(self.path).name,
             )
-        self.sidecar: dict[str, Any] = sidecar or {}
-        self.sidecar.update(
-            tool={"name": "prune-sensitivity", "version": __version__},
-            fingerprint=fingerprint.as_dict(),
-            config=dict(config or self.sidecar.get("config") or {}),
-        )
-        self.sidecar.setdefault("params", {})
-        self.sidecar.setdefault("unprunable", {})
-        self.sidecar["model_order"] = self.model_order  # lets merging files restore model order without the model
+        self.sidecar: Sidecar = stored or Sidecar()
+        self.sidecar.tool = ToolRecord(name="prune-sensitivity", version=__version__)
+        self.sidecar.fingerprint = fingerprint.record()
+        self.sidecar.config = _config_record(config) or self.sidecar.config or ConfigRecord()
+        if self.sidecar.params is None:
+            self.sidecar.params = {}
+        if self.sidecar.unprunable is None:
+            self.sidecar.unprunable = {}
+        self.sidecar.model_order = self.model_order  # lets merging files restore model order without the model
         self.foreign_names = [name for name in self.sensitivities if name not in set(self.model_order)]
         if self.foreign_names:
             logger.warning(
@@ -102,16 +125,16 @@ class AnalysisStore:
                 ", ".join(self.foreign_names[:5]) + (", ..." if len(self.foreign_names) > 5 else ""),
             )
 
-    def _check_fingerprint(self, stored: Mapping[str, Any]) -> None:
+    def _check_fingerprint(self, stored: Fingerprint) -> None:
         checks = [
             ("model", "another model (its weights differ)"),
             ("data", "other data or preprocessing"),
         ]
         for key, what in checks:
-            old, new = stored.get(key), getattr(self.fingerprint, key)
+            old, new = getattr(stored, key), getattr(self.fingerprint, key)
             if old is not None and new is not None and old != new:
                 self._refuse(what)
-        old_settings = {**IMPLIED_SETTINGS, **(stored.get("settings") or {})}
+        old_settings = {**IMPLIED_SETTINGS, **stored.settings}
         new_settings = {**IMPLIED_SETTINGS, **self.fingerprint.settings}
         for key, value in new_settings.items():
             if key in old_settings and old_settings[key] != value:
@@ -127,38 +150,79 @@ class AnalysisStore:
         """True when (name, ratio) is already in the file."""
         return normalise_ratio(ratio) in self.sensitivities.get(name, {})
 
+    # The sidecar, typed
+    def param(self, name: str) -> ParamRecord | None:
+        """The sidecar's record of param ``name``, if any."""
+        return self.sidecar.param(name)
+
+    def variant(self, name: str, ratio: float) -> VariantRecord | None:
+        """The recorded variant of ``name`` at ``ratio``, if any."""
+        return self.sidecar.variant(name, ratio)
+
+    def _param(self, name: str) -> ParamRecord:
+        params = self.sidecar.params
+        assert params is not None  # set in __init__
+        return params.setdefault(name, ParamRecord())
+
     @property
     def baseline(self) -> dict[str, Any] | None:
         """The stored baseline metrics, valid for this run (the fingerprint matched), or None."""
-        return self.sidecar.get("baseline")
+        return self.sidecar.baseline
 
     def set_baseline(self, metrics: Mapping[str, Any]) -> None:
         """Store the baseline metrics (saved with the next unit, or by :meth:`save`)."""
-        self.sidecar["baseline"] = dict(metrics)
+        self.sidecar.baseline = dict(metrics)
 
-    def set_cost(self, cost: Mapping[str, Any]) -> None:
+    def set_cost(self, cost: Mapping[str, Any] | CostRecord) -> None:
         """Store the dense model's MACs and params (with their counting convention)."""
-        self.sidecar["cost"] = dict(cost)
+        self.sidecar.cost = cost if isinstance(cost, CostRecord) else CostRecord.from_json(dict(cost), "cost")
 
-    def describe_param(self, name: str, info: Mapping[str, Any]) -> None:
-        """Store static facts about a param (shape, group members, masking mode...)."""
-        self.sidecar["params"].setdefault(name, {}).update(info)
+    def describe(self, name: str, facts: ParamRecord) -> None:
+        """Store static facts about a param (shape, group members, masking mode...): the keys ``facts`` sets
+        replace the stored ones, in place; new ones go last."""
+        self._param(name).update_json(facts.to_json(), f'params["{name}"]')
 
     def mark_unprunable(self, name: str, reason: str) -> None:
         """Record why a conv was not analysed."""
-        self.sidecar["unprunable"][name] = reason
+        unprunable = self.sidecar.unprunable
+        assert unprunable is not None  # set in __init__
+        unprunable[name] = reason
 
-    def record(self, names: Sequence[str], ratio: float, loss: float, details: Mapping[str, Any]) -> None:
-        """Add one measured variant under every name in ``names`` (several when coupled params share it), then
-        save the sidecar and the pickle atomically."""
+    # Early stops (kept by analysis.engine._early_stop.StopLedger)
+    def mark_early_stop(self, name: str, ratio: float, condition: str) -> None:
+        """Record that ``name`` stopped at ``ratio`` under ``condition``."""
+        self._param(name).early_stop = EarlyStopRecord(ratio=ratio, condition=condition)
+
+    def clear_early_stop(self, name: str) -> None:
+        """Forget a recorded early stop of ``name`` (the current rule does not stop it)."""
+        param = self.sidecar.param(name)
+        if param is not None:
+            param.early_stop = None
+
+    def early_stops(self) -> dict[str, float]:
+        """The ratio each early-stopped param stopped at."""
+        return self.sidecar.early_stops()
+
+    def variant_metric(self, name: str, ratio: float, metric: str) -> float | None:
+        """The recorded ``metric`` of ``name`` at ``ratio`` (None when not recorded)."""
+        variant = self.sidecar.variant(name, ratio)
+        value = None if variant is None else variant.metric(metric)
+        return None if value is None else float(value)
+
+    def record_variant(self, names: Sequence[str], ratio: float, variant: VariantRecord) -> None:
+        """Add one measured variant under every name in ``names`` (several when coupled params share it; they share
+        the record), then save the sidecar and the pickle atomically."""
+        assert variant.loss is not None, "a variant without a loss"
         key = normalise_ratio(ratio)
         for name in names:
-            self.sensitivities.setdefault(name, {})[key] = float(loss)
-            variants = self.sidecar["params"].setdefault(name, {}).setdefault("variants", {})
-            variants[f"{key:g}"] = {"loss": float(loss), **details}
+            self.sensitivities.setdefault(name, {})[key] = float(variant.loss)
+            param = self._param(name)
+            if param.variants is None:
+                param.variants = {}
+            param.variants[variant_key(key)] = variant
         self.save()
 
-    def absorb(self, sensitivities: Mapping[str, Mapping[float, float]], sidecar: Mapping[str, Any]) -> None:
+    def absorb(self, sensitivities: Mapping[str, Mapping[float, float]], sidecar: Sidecar | None) -> None:
         """Take in another file's results of the same analysis (a shard); its values win for the same pairs.
 
         Nothing is saved until :meth:`save`.
@@ -167,14 +231,8 @@ class AnalysisStore:
             self.sensitivities.setdefault(name, {}).update({normalise_ratio(r): float(v) for r, v in curve.items()})
             if name not in self.model_order and name not in self.foreign_names:
                 self.foreign_names.append(name)
-        for name, info in (sidecar.get("params") or {}).items():
-            mine = self.sidecar["params"].setdefault(name, {})
-            variants = {**(mine.get("variants") or {}), **(info.get("variants") or {})}
-            mine.update({**info, "variants": variants})
-        self.sidecar["unprunable"].update(sidecar.get("unprunable") or {})
-        for key in ("baseline", "cost"):
-            if key not in self.sidecar and key in sidecar:
-                self.sidecar[key] = sidecar[key]
+        if sidecar is not None:
+            self.sidecar.absorb(sidecar)
 
     def ordered(self) -> Sensitivities:
         """The sensitivities in canonical order: model order first, then names the model lacks."""
@@ -183,6 +241,14 @@ class AnalysisStore:
 
     def save(self) -> None:
         """Write the sidecar, then the pickle (the pickle decides what is done, so it goes last)."""
-        self.sidecar["saved_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        save_sidecar(self.path, self.sidecar)
+        self.sidecar.saved_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        schema.save(self.path, self.sidecar)
         save_sensitivities(self.path, self.ordered())
+
+
+def _config_record(config: Mapping[str, Any] | ConfigRecord | None) -> ConfigRecord | None:
+    """A fresh record of ``config``; None when it is missing or empty."""
+    if not config:
+        return None
+    data = config.to_json() if isinstance(config, ConfigRecord) else dict(config)
+    return ConfigRecord.from_json(data, "config") if data else None

@@ -20,10 +20,13 @@ import pickle
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from analysis.config import RATIO_DECIMALS
 from analysis.errors import AnalysisFileError
+
+if TYPE_CHECKING:
+    from analysis.io.sidecar import Sidecar, VariantRecord
 
 logger = logging.getLogger(__name__)
 
@@ -147,14 +150,14 @@ def _numpy_scalar_factory() -> Callable[..., Any]:
     try:
         from numpy._core.multiarray import scalar  # numpy >= 2
     except ImportError:  # pragma: no cover - numpy 1.x
-        from numpy.core.multiarray import scalar
+        from numpy.core.multiarray import scalar  # type: ignore[no-redef]
 
     def safe_scalar(spec: Any, data: Any = None) -> Any:
         if not isinstance(spec, _DtypeStandIn):
             _forbid(f"a numpy scalar of type {type(spec).__name__}")
         dtype = np.dtype(spec.code)
         if spec.byteorder in "<>":
-            dtype = dtype.newbyteorder(spec.byteorder)
+            dtype = dtype.newbyteorder(spec.byteorder)  # type: ignore[arg-type]  # "<" or ">", checked above
         if isinstance(data, str):  # Python 2 pickles, loaded with encoding="latin1"
             data = data.encode("latin1")
         if not isinstance(data, bytes) or len(data) != dtype.itemsize:
@@ -343,18 +346,28 @@ def merge_sensitive(sources: Sequence[Mapping[str, Mapping[float, float]] | str 
 
 
 def save_sidecar(analysis_file: str | os.PathLike[str], data: Mapping[str, Any]) -> None:
-    """Write the JSON sidecar of ``analysis_file`` atomically (indent 2, UTF-8, trailing newline).
+    """Write a raw JSON sidecar of ``analysis_file`` atomically (indent 2, UTF-8, trailing newline); the package
+    writes typed records with :func:`analysis.io.sidecar.save`.
 
     Raises:
         ValueError: ``data`` holds NaN or infinity (refused so the file stays strict JSON).
         TypeError: ``data`` holds something JSON cannot represent. Both are bugs in the caller, not user errors.
     """
-    text = json.dumps(data, indent=2, allow_nan=False, ensure_ascii=False) + "\n"
-    atomic_write_text(sidecar_path(analysis_file), text)
+    atomic_write_text(sidecar_path(analysis_file), sidecar_text(data))
+
+
+def sidecar_text(data: Mapping[str, Any]) -> str:
+    """A sidecar's JSON text: indent 2, UTF-8 characters as they are, a trailing newline.
+
+    Raises:
+        ValueError: ``data`` holds NaN or infinity (refused so the file stays strict JSON).
+    """
+    return json.dumps(data, indent=2, allow_nan=False, ensure_ascii=False) + "\n"
 
 
 def load_sidecar(analysis_file: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """Return the JSON sidecar of ``analysis_file`` as a dict, or ``None`` when there is none.
+    """Return the JSON sidecar of ``analysis_file`` as parsed (a dict), or ``None`` when there is none; the package
+    reads it validated and typed with :func:`analysis.io.sidecar.load`.
 
     Raises:
         AnalysisFileError: The sidecar is unreadable, not strict UTF-8 JSON, or not a JSON object.
@@ -418,11 +431,21 @@ def export_csv(
         AnalysisFileError: The analysis file or its sidecar cannot be read, or ``wide`` is asked without a sidecar.
         ValueError: ``style`` is not ``wide`` or ``long``.
     """
+    from analysis.io import sidecar as schema  # the schema builds on this module
+
     if style not in CSV_STYLES:
         raise ValueError(f"style must be one of {CSV_STYLES}, got {style!r}")
     sensitivities = load_sensitivities(analysis_file)
-    sidecar = load_sidecar(analysis_file) or {}
-    rows = _wide_rows(analysis_file, sensitivities, sidecar) if style == "wide" else _long_rows(sensitivities, sidecar)
+    sidecar = schema.load(analysis_file)
+    if style == "wide":
+        if sidecar is None:
+            raise AnalysisFileError(
+                f"The wide (NNI) CSV holds metric values, which live in the sidecar {sidecar_path(analysis_file)}; "
+                "it is missing, so export style='long' instead."
+            )
+        rows = _wide_rows(sensitivities, sidecar)
+    else:
+        rows = _long_rows(sensitivities, sidecar or schema.Sidecar())
     buffer = io.StringIO()
     csv.writer(buffer, lineterminator="\n").writerows(rows)
     target = Path(path) if path is not None else csv_path(analysis_file, style)
@@ -430,57 +453,57 @@ def export_csv(
     return target
 
 
-def _variants(sidecar: Mapping[str, Any], name: str) -> dict[str, Any]:
-    return (sidecar.get("params") or {}).get(name, {}).get("variants") or {}
-
-
-def _wide_rows(analysis_file: str | os.PathLike[str], sensitivities: Sensitivities, sidecar: Mapping[str, Any]
-               ) -> list[list[Any]]:  # fmt: skip
-    if not sidecar:
-        raise AnalysisFileError(
-            f"The wide (NNI) CSV holds metric values, which live in the sidecar {sidecar_path(analysis_file)}; "
-            "it is missing, so export style='long' instead."
-        )
-    metric = ((sidecar.get("fingerprint") or {}).get("settings") or {}).get("metric", "top1")
+def _wide_rows(sensitivities: Sensitivities, sidecar: Sidecar) -> list[list[Any]]:
+    metric = sidecar.settings.metric_name
     ratios = sorted({ratio for curve in sensitivities.values() for ratio in curve})
     rows: list[list[Any]] = [[_marked("layername", sidecar), *ratios]]
     for name, curve in sensitivities.items():
-        variants = _variants(sidecar, name)
-        values = [variants.get(f"{ratio:g}", {}).get(metric, "") if ratio in curve else "" for ratio in ratios]
+        values = [_value(sidecar.variant(name, ratio), metric) if ratio in curve else "" for ratio in ratios]
         rows.append([name.removesuffix(".weight"), *values])
     return rows
+
+
+def _value(variant: VariantRecord | None, metric: str) -> Any:
+    return _blank(None if variant is None else variant.metric(metric))
 
 
 ADAPTIVE_BN_SUFFIX = "_adaptive_bn"
 
 
-def _marked(column: str, sidecar: Mapping[str, Any]) -> str:
+def _marked(column: str, sidecar: Sidecar) -> str:
     """A metric column's name, suffixed when the analysis re-estimated BatchNorm per variant (adaptive BN), so its
     numbers are never mistaken for plain ones."""
-    settings = (sidecar.get("fingerprint") or {}).get("settings") or {}
-    return column + ADAPTIVE_BN_SUFFIX if settings.get("adaptive_bn") else column
+    return column + ADAPTIVE_BN_SUFFIX if sidecar.settings.adaptive_bn else column
 
 
-def _long_rows(sensitivities: Sensitivities, sidecar: Mapping[str, Any]) -> list[list[Any]]:
-    baseline = sidecar.get("baseline") or {}
-    dense = sidecar.get("cost") or {}
-    dense_cost = {"macs": dense["macs"], "params": dense["params"], "macs_reduction": 0.0, "params_reduction": 0.0} if (
-        "macs" in dense
-    ) else {}  # fmt: skip
+def _long_rows(sensitivities: Sensitivities, sidecar: Sidecar) -> list[list[Any]]:
+    dense = sidecar.cost
+    dense_costs = (dense.macs, dense.params, 0.0, 0.0) if dense is not None and dense.macs is not None else ()
     measured = ("top1", "top5", "loss", "relative_loss")  # measured after BatchNorm re-estimation with adaptive BN
     rows: list[list[Any]] = [[_marked(c, sidecar) if c in measured else c for c in LONG_COLUMNS]]
     for name, curve in sensitivities.items():
-        variants = _variants(sidecar, name)
-        rows.append(_long_row(name, 0.0, baseline, 0.0, dense_cost))
+        rows.append(_long_row(name, 0.0, sidecar.baseline or {}, 0.0, dense_costs))
         for ratio, loss in curve.items():
-            variant = variants.get(f"{ratio:g}", {})
-            rows.append(_long_row(name, ratio, variant, loss, variant))
+            variant = sidecar.variant(name, ratio)
+            if variant is None:
+                rows.append(_long_row(name, ratio, {}, loss, ()))
+                continue
+            costs = (variant.macs, variant.params, variant.macs_reduction, variant.params_reduction)
+            rows.append(_long_row(name, ratio, variant.metrics, loss, costs))
     return rows
 
 
-def _long_row(name: str, sparsity: float, metrics: Mapping[str, Any], loss: float, cost: Mapping[str, Any]) -> list:
-    def percent(value: Any) -> Any:
-        return round(100.0 * value, 10) if isinstance(value, (int, float)) else ""
+def _long_row(
+    name: str, sparsity: float, metrics: Mapping[str, float], loss: float, costs: Sequence[float | None]
+) -> list[Any]:
+    def percent(value: float | None) -> Any:
+        return "" if value is None else round(100.0 * value, 10)
 
-    top1, top5 = percent(metrics.get("top1")), percent(metrics.get("top5"))
-    return [name, sparsity, top1, top5, metrics.get("ce", ""), loss, *(cost.get(key, "") for key in LONG_COLUMNS[6:])]
+    cost_cells = [_blank(value) for value in costs] or [""] * 4
+    return [name, sparsity, percent(metrics.get("top1")), percent(metrics.get("top5")), _blank(metrics.get("ce")),
+            loss, *cost_cells]  # fmt: skip
+
+
+def _blank(value: Any) -> Any:
+    """A CSV cell: empty for a missing value."""
+    return "" if value is None else value

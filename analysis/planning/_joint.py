@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
@@ -42,6 +42,9 @@ from analysis.structure.flops import Cost
 from analysis.structure.groups import full_group, removal_group
 from analysis.structure.masking import zeroed, zeroed_slices
 from analysis.structure.physical import jointly_pruned_copy
+
+if TYPE_CHECKING:
+    from analysis.planning.plan import Planner
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +91,7 @@ class JointEvaluator:
 
     def __init__(
         self,
-        planner: Any,
+        planner: Planner,
         groups: Sequence[str],
         data: Iterable[Any],
         calibration: Iterable[Any] | None,
@@ -226,13 +229,15 @@ class JointEvaluator:
         runner, graph, model = self.runner, self.planner.graph, self.planner.model
         for key in self.groups:
             conv = model.get_submodule(self.planner.by_name[key].module_name)
+            assert isinstance(conv, nn.Conv2d)  # every planned group is rooted at a conv
             members = [item.dep.target.module for item in full_group(graph, conv)]
             plan = runner.plan([m for m in members if isinstance(m, nn.Module)],
                                [m for m in members if isinstance(m, nn.Parameter)])  # fmt: skip
             self._first_change[key] = runner.index[plan.nodes[0]] if plan is not None else len(runner.nodes)
         cuts = runner.cut_points()[1:]
-        wanted = {max((c for c in cuts if runner.index[c] < first), key=runner.index.__getitem__, default=None)
-                  for first in self._first_change.values()} - {None}  # fmt: skip
+        latest = (max((c for c in cuts if runner.index[c] < first), key=runner.index.__getitem__, default=None)
+                  for first in self._first_change.values())  # fmt: skip
+        wanted = {cut for cut in latest if cut is not None}
         sizes = _bytes_per_image(runner, self.planner.example_input[:1], wanted)
         images = count_images(self.calibration) + count_images(self.data)
         budget, kept = self.cache_bytes, []
@@ -258,6 +263,7 @@ class JointEvaluator:
         if pick not in self._groups:
             param, count = pick
             conv = self.planner.model.get_submodule(self.planner.by_name[param].module_name)
+            assert isinstance(conv, nn.Conv2d)  # every planned group is rooted at a conv
             self._groups[pick] = removal_group(self.planner.graph, conv, self.planner.removed(param, count))
         return self._groups[pick]
 

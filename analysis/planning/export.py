@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from analysis.errors import ModelError
+from analysis.inputs.device import model_device
 from analysis.io.results import atomic_write_bytes, atomic_write_text
 
 MODEL_FILE = "pruned_model.pt"
@@ -94,7 +95,7 @@ def shrink_to(model: nn.Module, changed_layers: Mapping[str, Mapping[str, Any]])
 
 
 def _resized(old: nn.Module, shape: Mapping[str, Any]) -> nn.Module:
-    device = next(old.parameters(), torch.empty(0)).device
+    device = model_device(old)
     if isinstance(old, nn.modules.conv._ConvNd):
         kwargs = {"stride": old.stride, "padding": old.padding, "dilation": old.dilation, "groups": shape["groups"],
                   "bias": old.bias is not None, "padding_mode": old.padding_mode}  # fmt: skip

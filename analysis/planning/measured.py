@@ -36,17 +36,19 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from analysis.cli._logs import progress_disabled
-from analysis.engine.reference import relative_loss
+from analysis._progress import progress_disabled
+from analysis.engine.loss import relative_loss
 from analysis.errors import UserError
 from analysis.inputs.data import EvalLoader
+from analysis.io import sidecar as schema
 from analysis.io._fingerprint import json_fingerprint
 from analysis.io._lock import exclusive
 from analysis.io._search_log import Picks, SearchLog
-from analysis.io.results import load_sensitivities, load_sidecar
+from analysis.io.results import load_sensitivities
+from analysis.io.sidecar import Sidecar
 from analysis.planning._joint import JointEvaluator, JointScore
 from analysis.planning._trades import TradePicker
-from analysis.planning.plan import Plan, open_planner
+from analysis.planning.plan import Plan, Planner, open_planner
 from analysis.planning.ratios import Choice, GroupOptions
 from analysis.structure.groups import eval_mode
 
@@ -147,7 +149,7 @@ class MeasuredSearch:
 
     def __init__(
         self,
-        planner: Any,
+        planner: Planner,
         options: Sequence[GroupOptions],
         starts: Mapping[str, Picks],
         target: float,
@@ -344,30 +346,29 @@ class MeasuredSearch:
         }
 
 
-def curve_sensitivities(sidecar: Mapping[str, Any], kind: str, cap: float | None) -> dict[str, dict[float, float]]:
+def curve_sensitivities(sidecar: Sidecar, kind: str, cap: float | None) -> dict[str, dict[float, float]]:
     """Losses of another view of the analysis's measurements (from the sidecar's per-variant metrics), for a
     starting plan: ``top1`` or ``ce`` relative change against the baseline, ``log_ce`` = log(1 + max(0, ce)),
     ``blend`` of top1 and ce; ratios above ``cap`` left out."""
-    baseline = sidecar.get("baseline") or {}
+    baseline = sidecar.baseline or {}
     top1_0, ce_0 = float(baseline.get("top1") or 0.0), float(baseline.get("ce") or 0.0)
     curves: dict[str, dict[float, float]] = {}
-    for name, info in (sidecar.get("params") or {}).items():
-        for key, variant in (info.get("variants") or {}).items():
-            ratio = float(key)
-            if (cap is not None and ratio > cap + 1e-9) or "top1" not in variant or "ce" not in variant:
-                continue
-            top1 = (top1_0 - variant["top1"]) / top1_0 if top1_0 else 0.0
-            ce = (variant["ce"] - ce_0) / ce_0 if ce_0 else 0.0
-            loss = {"top1": top1, "ce": ce, "log_ce": math.log1p(max(0.0, ce)),
-                    "blend": (1 - BLEND_CE_WEIGHT) * top1 + BLEND_CE_WEIGHT * ce / 10}[kind]  # fmt: skip
-            curves.setdefault(name, {})[ratio] = loss
+    for name, ratio, variant in sidecar.variants():
+        measured_top1, measured_ce = variant.metric("top1"), variant.metric("ce")
+        if (cap is not None and ratio > cap + 1e-9) or measured_top1 is None or measured_ce is None:
+            continue
+        top1 = (top1_0 - measured_top1) / top1_0 if top1_0 else 0.0
+        ce = (measured_ce - ce_0) / ce_0 if ce_0 else 0.0
+        loss = {"top1": top1, "ce": ce, "log_ce": math.log1p(max(0.0, ce)),
+                "blend": (1 - BLEND_CE_WEIGHT) * top1 + BLEND_CE_WEIGHT * ce / 10}[kind]  # fmt: skip
+        curves.setdefault(name, {})[ratio] = loss
     return curves
 
 
 def start_views(
-    planner: Any,
+    planner: Planner,
     sensitivities: Mapping[str, Mapping[float, float]],
-    sidecar: Mapping[str, Any],
+    sidecar: Sidecar,
     allocate: Callable[[Sequence[GroupOptions]], Any],
 ) -> dict[str, dict[str, Choice]]:
     """The knapsack choices of the other views of the measurements (:data:`START_CURVES`), by name; views the
@@ -448,29 +449,29 @@ def build_measured_plan(
     with eval_mode(model), exclusive(analysis_file):
         planner, options = open_planner(model, example_input, analysis_file, measure)
         sensitivities = load_sensitivities(analysis_file)
-        sidecar = load_sidecar(analysis_file) or {}
+        sidecar = schema.load(analysis_file) or Sidecar()
         goal = target * planner.dense_measure
         knapsack = planner.allocate(options, target)
         starts = {"knapsack": _picks(options, knapsack.choices)}
         views = start_views(planner, sensitivities, sidecar, lambda o: planner.allocate(o, target, START_RESOLUTION))
         starts.update({name: _picks(options, choices) for name, choices in views.items()})
-        physical = any(info.get("mode") == "physical" for info in (sidecar.get("params") or {}).values())
+        physical = any(param.mode == "physical" for param in sidecar.param_records().values())
         keys = [group.key for group in options]
         search = JointEvaluator(planner, keys, scoring.data, scoring.search_calibration, physical)
         full = JointEvaluator(planner, keys, scoring.data, scoring.calibration, physical, cache_bytes=0)
         key = {
-            "model": (sidecar.get("fingerprint") or {}).get("model"),
+            "model": sidecar.fingerprint.model if sidecar.fingerprint is not None else None,
             "data": scoring.data_fingerprint,
             "calibration": scoring.calibration_fingerprint,
-            "ranking": {k: planner.settings.get(k) for k in ("criterion", "group_reduction", "round_to")},
+            "ranking": dict(planner.settings),
             "physical": physical,
             "measure": measure,
         }
         log = SearchLog(analysis_file, key)
         result = MeasuredSearch(planner, options, starts, goal, search, full, log, settings, progress).run()
         log.copy_to_sidecar()
-        baseline = sidecar.get("baseline") or {}
-        metric = ((sidecar.get("fingerprint") or {}).get("settings") or {}).get("metric", "top1")
+        baseline = sidecar.baseline or {}
+        metric = sidecar.settings.metric_name
         measured = result.best.score.metrics
         predicted = (
             relative_loss(float(baseline[metric]), float(measured[metric]), metric)

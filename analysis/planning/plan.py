@@ -22,13 +22,14 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
-from analysis.engine.reference import EngineSettings, channel_scores
 from analysis.errors import AnalysisFileError, UserError, did_you_mean
+from analysis.io import sidecar as schema
 from analysis.io._fingerprint import model_fingerprint
-from analysis.io.results import load_sensitivities, load_sidecar, sidecar_path
+from analysis.io.results import load_sensitivities, sidecar_path
+from analysis.io.sidecar import CostRecord, PlanGroupRecord, PlanRecord
 from analysis.planning._curves import interpolate, monotone_curve
 from analysis.planning.ratios import Allocation, BudgetUnreachable, Choice, GroupOptions, allocate
-from analysis.structure.criteria import allowed_counts, lowest_channels, removal_count
+from analysis.structure.criteria import allowed_counts, channel_scores, lowest_channels, removal_count
 from analysis.structure.flops import Cost, CostModel, ShapeDelta, cost_summary
 from analysis.structure.groups import (
     PrunableParam,
@@ -121,28 +122,35 @@ class Plan:
         """``(conv module name, channels)`` to remove, one per pruned group, for physical pruning."""
         return [(group.module_name, group.removed) for group in self.groups]
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON form, stored in the sidecar under ``plan``."""
+    def record(self) -> PlanRecord:
+        """The sidecar's record of this plan (``plan``)."""
         groups = [
-            {"members": g.members, "ranking_param": g.ranking_param, "ratio": g.ratio, "channels": g.channels,
-             "channels_removed": len(g.removed), "predicted_loss": _finite(g.predicted_loss)}
+            PlanGroupRecord(members=list(g.members), ranking_param=g.ranking_param, ratio=g.ratio,
+                            channels=g.channels, channels_removed=len(g.removed),
+                            predicted_loss=_finite(g.predicted_loss))
             for g in self.groups
         ]  # fmt: skip
-        return {
-            "measure": self.measure,
-            "target": self.target,
-            "source": self.source,
-            "method": self.method,
-            "method_description": self.describe_method(),
-            "predicted_loss": _finite(self.predicted_loss),
-            "lower_bound": _finite(self.lower_bound),
-            "dense": self.dense.as_dict(),
-            "pruned": {"macs": self.pruned.macs, "params": self.pruned.params},
-            **{k: v for k, v in cost_summary(self.dense, self.pruned).items() if k.endswith("reduction")},
-            "settings": self.settings,
-            "groups": groups,
-            **({"search": self.search} if self.search is not None else {}),
-        }
+        summary = cost_summary(self.dense, self.pruned)
+        return PlanRecord(
+            measure=self.measure,
+            target=self.target,
+            source=self.source,
+            method=self.method,
+            method_description=self.describe_method(),
+            predicted_loss=_finite(self.predicted_loss),
+            lower_bound=_finite(self.lower_bound),
+            dense=CostRecord.from_json(self.dense.as_dict(), "dense"),
+            pruned=CostRecord(macs=self.pruned.macs, params=self.pruned.params),
+            macs_reduction=summary["macs_reduction"],
+            params_reduction=summary["params_reduction"],
+            settings=self.settings,
+            groups=groups,
+            search=self.search,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form (as stored in the sidecar under ``plan``)."""
+        return self.record().to_json()
 
     def describe_method(self) -> str:
         """One sentence on how the plan was chosen and what its predicted loss is."""
@@ -265,8 +273,7 @@ def plan_from_ratios(
         groups.sort(key=lambda g: order[g.members[0]])
         pruned = planner.picks_cost((g.ranking_param, len(g.removed)) for g in groups)
         predicted_total = sum(g.predicted_loss for g in groups)
-        ranking = {k: settings[k] for k in ("criterion", "group_reduction", "round_to")}
-        return Plan("macs", None, groups, predicted_total, predicted_total, costs.dense, pruned, ranking, source,
+        return Plan("macs", None, groups, predicted_total, predicted_total, costs.dense, pruned, settings, source,
                     method="ratios")  # fmt: skip
 
 
@@ -276,25 +283,22 @@ def param_count(param: PrunableParam, ratio: float, round_to: int = 1) -> int:
 
 
 def _analysis_settings(model: nn.Module, analysis_file: str | Path) -> dict[str, Any]:
-    sidecar = load_sidecar(analysis_file)
+    """How the analysis ranked channels (:meth:`~analysis.io.sidecar.SettingsRecord.ranking`), after checking that
+    the file was computed on this model's weights with filter pruning."""
+    sidecar = schema.load(analysis_file)
     if sidecar is None:
         raise AnalysisFileError(
             f"{analysis_file} has no sidecar ({sidecar_path(analysis_file).name}), which a plan needs for the "
             "criterion the losses were measured with; rerun the analysis to create it."
         )
-    fingerprint = sidecar.get("fingerprint") or {}
-    stored = fingerprint.get("model")
+    stored = sidecar.fingerprint.model if sidecar.fingerprint is not None else None
     if stored is not None and stored != model_fingerprint(model):
         raise AnalysisFileError(
             f"{analysis_file} was computed on other weights than this model's; plan with the config that wrote it."
         )
-    settings = dict(fingerprint.get("settings") or {})
-    if settings.get("granularity", "filter") != "filter":
+    if (sidecar.settings.granularity or "filter") != "filter":
         raise AnalysisFileError(f"{analysis_file} holds element-wise losses; a budget plan needs filter pruning.")
-    settings.setdefault("criterion", "l1_norm")
-    settings.setdefault("group_reduction", "self")
-    settings.setdefault("round_to", 1)
-    return settings
+    return sidecar.settings.ranking()
 
 
 class Planner:
@@ -308,9 +312,6 @@ class Planner:
         self.graph: tp.DependencyGraph = build_dependency_graph(model, example_input)
         self.params = describe_convs(model, self.graph, conv_execution_order(model, example_input))
         self.costs = CostModel(model, example_input)
-        self.engine_settings = EngineSettings(
-            ratios=[0.5], criterion=settings["criterion"], group_reduction=settings["group_reduction"]
-        )
         self.by_name = {p.name: p for p in self.params if p.prunable}
         self.round_to = int(settings.get("round_to", 1))
         self._scores: dict[str, torch.Tensor] = {}
@@ -323,7 +324,9 @@ class Planner:
         if key not in self._removed:
             param = self.by_name[name]
             if name not in self._scores:
-                self._scores[name] = channel_scores(self.model, self.graph, param, self.engine_settings)
+                self._scores[name] = channel_scores(
+                    self.model, self.graph, param, self.settings["criterion"], self.settings["group_reduction"]
+                )
             self._removed[key] = lowest_channels(self._scores[name], count, param.conv_blocks)
         return self._removed[key]
 
@@ -363,8 +366,8 @@ class Planner:
                 for name, (losses, saved) in curves.items()
                 if count <= losses[-1][0]
             ]
-            loss, saved, name = min(candidates)  # the member whose ranking is predicted to hurt least
-            choices.append(Choice(count, round(count / channels, 6), name, 0.0 if count == 0 else loss, saved))
+            loss, saving, name = min(candidates)  # the member whose ranking is predicted to hurt least
+            choices.append(Choice(count, round(count / channels, 6), name, 0.0 if count == 0 else loss, saving))
         return GroupOptions([p.name for p in members], channels, choices)
 
     def member_loss(self, sensitivities: Mapping[str, Mapping[float, float]], name: str, count: int) -> float:
@@ -392,6 +395,7 @@ class Planner:
         if pick not in self._deltas:
             param, count = pick
             conv = self.model.get_submodule(self.by_name[param].module_name)
+            assert isinstance(conv, nn.Conv2d)  # every planned group is rooted at a conv
             group = removal_group(self.graph, conv, self.removed(param, count))
             self._deltas[pick] = self.costs.shape_delta(self.graph, self.costs.removed_channels(self.graph, group))
         return self._deltas[pick]
@@ -438,6 +442,5 @@ class Planner:
                 groups.append(PlannedGroup(group.members, choice.param, ranking.module_name, group.channels,
                                            self.removed(choice.param, choice.count), choice.loss))  # fmt: skip
         pruned = self.picks_cost((g.ranking_param, len(g.removed)) for g in groups)
-        settings = {k: self.settings[k] for k in ("criterion", "group_reduction", "round_to")}
-        return Plan(self.measure, target, groups, predicted_loss, lower_bound, self.costs.dense, pruned, settings,
-                    method=method, search=search)  # fmt: skip
+        return Plan(self.measure, target, groups, predicted_loss, lower_bound, self.costs.dense, pruned,
+                    dict(self.settings), method=method, search=search)  # fmt: skip

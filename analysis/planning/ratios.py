@@ -17,6 +17,7 @@ import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Concatenate, ParamSpec
 
 import numpy as np
 import yaml
@@ -24,8 +25,10 @@ import yaml
 from analysis.config import RATIO_DECIMALS
 from analysis.errors import UserError
 from analysis.io.results import atomic_write_text
+from analysis.reporting._format import percent
 
 logger = logging.getLogger(__name__)
+P = ParamSpec("P")
 
 
 def get_ratios_by_loss(sensitivities: Mapping[str, Mapping[float, float]], loss: float) -> dict[str, float]:
@@ -74,15 +77,11 @@ def _ratio_for(points: list[tuple[float, float]], target: float) -> float:
 
 def explain_target_loss(loss: float) -> str:
     """Return one line saying what ``target_loss`` means, for logs and the ratios YAML header."""
+    within = percent(loss, ".4g")
     return (
-        f"target_loss {loss:g}: each layer gets the largest ratio whose own measured loss stays <= {_percent(loss)} "
+        f"target_loss {loss:g}: each layer gets the largest ratio whose own measured loss stays <= {within} "
         "when it alone is pruned; losses of several pruned layers are not additive, so verify the combined model."
     )
-
-
-def _percent(fraction: float) -> str:
-    text = f"{fraction * 100:.4g}"
-    return f"{text}.0%" if text.lstrip("-").isdigit() else f"{text}%"
 
 
 def channel_prune_yaml(
@@ -146,21 +145,21 @@ def channel_prune_yaml(
     lines = [comment for text in header for comment in _comment_lines(text)]
     block_name, criterion = ("ElementPrune", "magnitude") if element else ("ChannelPrune", criterion)
     block = {block_name: {"criterion": criterion, "prune_params_name": names, "pruned_ratio": values}}
-    body = yaml.safe_dump(block, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
+    body: str = yaml.safe_dump(block, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
     return "\n".join(lines) + "\n" + body
 
 
-def save_ratios_yaml(
-    path: str | os.PathLike[str],
-    ratios: Mapping[str, float],
-    order: Sequence[str],
-    criterion: str,
-    target_loss: float | None = None,
-    granularity: str = "filter",
-    note: str | None = None,
-) -> None:
-    """Write :func:`channel_prune_yaml` to ``path`` atomically."""
-    atomic_write_text(path, channel_prune_yaml(ratios, order, criterion, target_loss, granularity, note))
+def _file_writer(render: Callable[P, str]) -> Callable[Concatenate[str | os.PathLike[str], P], None]:
+    """A function writing ``render``'s text to a path atomically; it takes the path, then ``render``'s arguments."""
+
+    def write(path: str | os.PathLike[str], /, *args: P.args, **kwargs: P.kwargs) -> None:
+        atomic_write_text(path, render(*args, **kwargs))
+
+    write.__doc__ = f"Write :func:`{render.__name__}` to ``path`` atomically (its arguments follow ``path``)."
+    return write
+
+
+save_ratios_yaml = _file_writer(channel_prune_yaml)
 
 
 def load_ratios_yaml(path: str | os.PathLike[str]) -> dict[str, float]:
@@ -178,6 +177,7 @@ def load_ratios_yaml(path: str | os.PathLike[str]) -> dict[str, float]:
     names = block.get("prune_params_name") if isinstance(block, dict) else None
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise UserError(f"{path} has no ChannelPrune.prune_params_name list; pass a ratios YAML this tool wrote.")
+    assert isinstance(block, dict)  # names came from it
     ratios = block.get("pruned_ratio")
     if isinstance(ratios, (int, float)):
         ratios = [ratios] * len(names)

@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from analysis.engine.batchnorm import recalibrate_copy
-from analysis.engine.reference import relative_loss
+from analysis.engine.loss import relative_loss
 from analysis.inputs.calibration import CalibrationSet
+from analysis.io.sidecar import DensePrunedRecord, ReestimatedRecord, VerificationRecord
 from analysis.planning.export import saved_bytes
 from analysis.planning.plan import Plan
 from analysis.structure.flops import count_cost
@@ -78,29 +79,34 @@ class Verification:
         """The metrics of the model the export holds: re-estimated when calibration images exist, else raw."""
         return self.recalibrated.metrics if self.recalibrated is not None else self.pruned
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON form, stored in the sidecar under ``plan.verification``."""
+    def record(self) -> VerificationRecord:
+        """The sidecar's record of this verification (``plan.verification``)."""
         recalibrated = self.recalibrated
-        return {
-            "baseline": self.baseline,
-            "pruned": self.pruned,
-            "predicted_loss": self.predicted_loss,
-            "measured_loss": self.losses(),
-            "reestimated": None
-            if recalibrated is None
-            else {
-                "metrics": recalibrated.metrics,
-                "measured_loss": self.losses(reestimated=True),
-                "batchnorm_layers": recalibrated.layers,
-                "calibration_images": recalibrated.images,
-                "calibration": recalibrated.calibration,
-            },
-            "macs": {"dense": self.dense_cost["macs"], "pruned": self.pruned_cost["macs"]},
-            "params": {"dense": self.dense_cost["params"], "pruned": self.pruned_cost["params"]},
-            "checkpoint_bytes": self.checkpoint_bytes,
-            "latency_ms": self.latency_ms,
-            "device": self.device,
-        }
+        reestimated = None
+        if recalibrated is not None:
+            reestimated = ReestimatedRecord(
+                metrics=recalibrated.metrics,
+                measured_loss=self.losses(reestimated=True),
+                batchnorm_layers=recalibrated.layers,
+                calibration_images=recalibrated.images,
+                calibration=recalibrated.calibration,
+            )
+        return VerificationRecord(
+            baseline=self.baseline,
+            pruned=self.pruned,
+            predicted_loss=self.predicted_loss,
+            measured_loss=self.losses(),
+            reestimated=reestimated,
+            macs=DensePrunedRecord(dense=self.dense_cost["macs"], pruned=self.pruned_cost["macs"]),
+            params=DensePrunedRecord(dense=self.dense_cost["params"], pruned=self.pruned_cost["params"]),
+            checkpoint_bytes=_pair(self.checkpoint_bytes),
+            latency_ms={batch: _pair(times) for batch, times in self.latency_ms.items()},
+            device=self.device,
+        )
+
+
+def _pair(values: Mapping[str, float]) -> DensePrunedRecord:
+    return DensePrunedRecord(dense=values["dense"], pruned=values["pruned"])
 
 
 def verify_plan(
@@ -196,7 +202,11 @@ def median_latency_ms(model: nn.Module, example_input: torch.Tensor, batch_size:
     device = example_input.device
     inputs = torch.randn((batch_size, *example_input.shape[1:]), generator=torch.Generator().manual_seed(0))
     inputs = inputs.to(device=device, dtype=example_input.dtype)
-    synchronise = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def synchronise() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     times: list[float] = []
     with torch.inference_mode():
         for _ in range(LATENCY_WARMUP):

@@ -5,10 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from analysis.engine.run import AnalysisOutcome
+from analysis.reporting._format import loss_difference
 
 
-def format_table(outcome: AnalysisOutcome, ratios: Sequence[float], metric: str) -> str:
-    """Render one row per analysed param (model order) and, below, the convs that were not analysed."""
+def format_table(outcome: AnalysisOutcome, ratios: Sequence[float], metric: str, metric_mode: str) -> str:
+    """Render one row per analysed param (model order) and, below, the convs that were not analysed.
+
+    The heading says what the numbers are: the ``relative`` loss (the metric's drop over its baseline) or, with
+    ``metric_mode: absolute``, the plain difference.
+    """
     derived = outcome.ratios
     header = ["param", "shape", "group"] + [f"{r:g}" for r in ratios] + (["ratio"] if derived else [])
     rows = []
@@ -25,7 +30,12 @@ def format_table(outcome: AnalysisOutcome, ratios: Sequence[float], metric: str)
         rows.append(cells)
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     align = ["<", "<", ">"] + [">"] * (len(header) - 3)
-    lines = [f"relative {metric} loss per pruned ratio ('group' = layers whose channels go with the conv's):"]
+    loss = (
+        f"absolute {metric} loss ({loss_difference(metric)})"
+        if metric_mode == "absolute"
+        else f"relative {metric} loss"
+    )
+    lines = [f"{loss} per pruned ratio ('group' = layers whose channels go with the conv's):"]
     if outcome.early_stopped:
         lines[0] += " ('stop' = skipped after an early stop)"
     for row in [header, *rows]:

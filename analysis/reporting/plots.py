@@ -223,7 +223,7 @@ def plot_curves(
     columns = min(2, len(chunks))
     rows = math.ceil(len(chunks) / columns)
     all_ratios = analysed_ratios(measured)
-    colours = colormaps["tab10"].colors
+    colours = colormaps["tab10"].colors  # type: ignore[attr-defined]  # tab10 is a ListedColormap
     with _default_style():
         figure = _new_figure(size)
         axes = figure.subplots(rows, columns, squeeze=False).ravel()

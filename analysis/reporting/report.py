@@ -2,17 +2,15 @@
 
 :func:`write_report` loads the analysis file and its JSON sidecar (:func:`load_analysis`), draws the three PNGs
 (:mod:`analysis.reporting.plots`) and writes ``<stem>.report.html``: run summary, loss table, unprunable convs, the
-plots
-and the config. The HTML embeds the PNGs as data URIs and needs no network, script or other file.
+plots and the config. The HTML embeds the PNGs as data URIs and needs no network, script or other file.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,15 +18,18 @@ from typing import Any
 import yaml
 
 from analysis.errors import AnalysisFileError
-from analysis.io.results import (
-    Sensitivities,
-    atomic_write_text,
-    load_sensitivities,
-    load_sidecar,
-    normalise_ratio,
-    sidecar_path,
+from analysis.io import sidecar as schema
+from analysis.io.results import Sensitivities, atomic_write_text, load_sensitivities, sidecar_path
+from analysis.io.sidecar import (
+    ConfigRecord,
+    FingerprintRecord,
+    PlanRecord,
+    SettingsRecord,
+    Sidecar,
+    VariantRecord,
 )
 from analysis.planning.ratios import explain_target_loss, get_ratios_by_loss
+from analysis.reporting._format import count, fixed, loss_difference, percent
 from analysis.reporting.plots import (
     LINES_PER_PANEL,
     analysed_ratios,
@@ -58,7 +59,7 @@ class AnalysisData:
 
     path: Path
     sensitivities: Sensitivities
-    sidecar: Mapping[str, Any] | None
+    sidecar: Sidecar | None
 
 
 # ------------------------------------------------------------------------------------------------------ loading
@@ -79,70 +80,46 @@ def load_analysis(analysis_file: str | os.PathLike[str]) -> AnalysisData:
             f"Analysis file {path} holds no measured losses, so there is nothing to report; run the analysis (at "
             "least one layer and ratio) first."
         )
-    return AnalysisData(path, sensitivities, load_sidecar(path))
+    return AnalysisData(path, sensitivities, schema.load(path))
 
 
-def _dict(value: Any, *keys: str) -> dict[str, Any]:
-    """``value[keys[0]][keys[1]]...`` when it and every level on the way are dicts, else an empty dict (sidecars
-    from older versions lack some sections)."""
-    found = value if isinstance(value, dict) else {}
-    for key in keys:
-        found = found.get(key)
-        found = found if isinstance(found, dict) else {}
-    return found
+def _settings(sidecar: Sidecar | None) -> SettingsRecord:
+    return sidecar.settings if sidecar is not None else SettingsRecord()
 
 
-def _number(value: Any) -> float | None:
-    """``value`` as a float when it is a finite real number (bools excluded), else ``None``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def loss_label(sidecar: Mapping[str, Any] | None) -> str:
+def loss_label(sidecar: Sidecar | None) -> str:
     """Say what the stored loss is, e.g. ``"relative top1 loss"``, from the sidecar's fingerprint settings."""
-    settings = _dict(sidecar, "fingerprint", "settings")
-    metric = settings.get("metric")
-    if not isinstance(metric, str):
+    settings = _settings(sidecar)
+    if settings.metric is None:
         return "loss"
-    mode = settings.get("metric_mode")
-    return f"{mode} {metric} loss" if isinstance(mode, str) else f"{metric} loss"
+    mode = settings.metric_mode
+    return f"{mode} {settings.metric} loss" if mode is not None else f"{settings.metric} loss"
 
 
-def variant(sidecar: Mapping[str, Any] | None, name: str, ratio: float) -> dict[str, Any]:
-    """The sidecar's record of ``name`` pruned at ``ratio`` (metrics, channels, MACs...), or an empty dict."""
-    variants = _dict(sidecar, "params", name, "variants")
-    found = variants.get(f"{normalise_ratio(ratio):g}")
-    if found is None:  # keys written by another formatting
-        for key, value in variants.items():
-            try:
-                if normalise_ratio(float(key)) == normalise_ratio(ratio):
-                    found = value
-                    break
-            except ValueError:
-                continue
-    return _dict(found)
+def variant(sidecar: Sidecar | None, name: str, ratio: float) -> VariantRecord | None:
+    """The sidecar's record of ``name`` pruned at ``ratio`` (metrics, channels, MACs...), if any."""
+    return None if sidecar is None else sidecar.variant(name, ratio)
 
 
-def savings_at(data: AnalysisData, ratio: float, key: str = "macs_reduction") -> dict[str, float] | None:
-    """Per parameter, the fraction of the dense model's MACs (or ``key``) saved by pruning it alone at ``ratio``.
+def savings_at(data: AnalysisData, ratio: float, measure: str = "macs") -> dict[str, float] | None:
+    """Per parameter, the fraction of the dense model's MACs (or ``params``) saved by pruning it alone at ``ratio``.
 
     Returns:
-        ``{param: fraction}`` for the parameters whose variant records ``key``; ``None`` when none does (a
-        sidecar written before costs were recorded, or no sidecar).
+        ``{param: fraction}`` for the parameters whose variant records it; ``None`` when none does (a sidecar
+        written before costs were recorded, or no sidecar).
     """
     found = {}
     for name in data.sensitivities:
-        value = _number(variant(data.sidecar, name, ratio).get(key))
+        record = variant(data.sidecar, name, ratio)
+        value = None if record is None else record.reduction(measure)
         if value is not None:
-            found[name] = value
+            found[name] = float(value)
     return found or None
 
 
-def default_target_loss(sidecar: Mapping[str, Any] | None) -> float | None:
+def default_target_loss(sidecar: Sidecar | None) -> float | None:
     """The ``target_loss`` of the run's config (``SensitivityAnalysis.target_loss``, or the API's), if any."""
-    config = _dict(sidecar, "config")
-    return _number(_dict(config.get("SensitivityAnalysis")).get("target_loss", config.get("target_loss")))
+    return None if sidecar is None or sidecar.config is None else sidecar.config.target_loss()
 
 
 # -------------------------------------------------------------------------------------------------------- HTML
@@ -175,74 +152,56 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _fmt(value: Any, spec: str = ".4f") -> str:
-    number = _number(value)
-    return "-" if number is None else format(number, spec)
-
-
-def _percent(fraction: float | None) -> str:
-    return "-" if fraction is None else f"{100.0 * fraction:.2f}%"
-
-
-def _count(value: Any) -> str:
-    number = _number(value)
-    if number is None:
-        return "-"
-    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(number) >= limit:
-            return f"{number / limit:.3g}{suffix} ({int(number):,})"
-    return f"{int(number):,}"
-
-
 def _table(rows: Sequence[tuple[str, str]], css_class: str = "summary") -> str:
     """A two-column table; cells are already-escaped HTML."""
     body = "".join(f"<tr><th>{key}</th><td>{value}</td></tr>" for key, value in rows)
     return f'<table class="{css_class}">{body}</table>'
 
 
-def _model_description(config: Mapping[str, Any], fingerprint: Mapping[str, Any]) -> tuple[str, str]:
+def _model_description(config: ConfigRecord, fingerprint: FingerprintRecord) -> tuple[str, str]:
     """(model, data) as escaped HTML, from the CLI's ``Global`` block or the Python API's config."""
-    glob = _dict(config.get("Global"))
-    model_hash = fingerprint.get("model")
-    data_hash = fingerprint.get("data")
+    glob = config.Global
+    model_hash = fingerprint.model
     hash_note = f' <span class="note">(fingerprint {_e(str(model_hash)[:12])})</span>' if model_hash else ""
-    if glob:
+    if glob is not None:
         parts = []
-        if glob.get("arch"):
-            kwargs = _dict(glob.get("arch_kwargs"))
-            call = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-            parts.append(f"<code>{_e(glob['arch'])}({_e(call)})</code>")
-        files = [glob.get(k) for k in ("model_filename", "params_filename") if glob.get(k)]
-        location = glob.get("model_dir")
+        if glob.arch:
+            call = ", ".join(f"{k}={v!r}" for k, v in (glob.arch_kwargs or {}).items())
+            parts.append(f"<code>{_e(glob.arch)}({_e(call)})</code>")
+        files = [f for f in (glob.model_filename, glob.params_filename) if f]
+        location = glob.model_dir
         if files or location:
             shown = [str(Path(str(location)) / str(f)) if location else str(f) for f in files] or [str(location)]
             parts.append("files " + ", ".join(f"<code>{_e(f)}</code>" for f in shown))
-        if glob.get("weights"):
-            parts.append(f"weights <code>{_e(glob['weights'])}</code>")
+        if glob.weights:
+            parts.append(f"weights <code>{_e(glob.weights)}</code>")
         model = "; ".join(parts) or "-"
-        data_dir = glob.get("data_dir")
-        data = f"<code>{_e(data_dir)}</code>" if data_dir else "-"
-        if glob.get("val_list") and data_dir:
-            data += f" (list <code>{_e(glob['val_list'])}</code>)"
-        if glob.get("max_samples"):
-            data += f", at most {_e(glob['max_samples'])} images"
+        data = f"<code>{_e(glob.data_dir)}</code>" if glob.data_dir else "-"
+        if glob.val_list and glob.data_dir:
+            data += f" (list <code>{_e(glob.val_list)}</code>)"
+        if glob.max_samples:
+            data += f", at most {_e(glob.max_samples)} images"
         return model + hash_note, data
-    if config.get("api"):
-        data = "batches passed to the Python API" if data_hash else "an evaluation function passed to the Python API"
-        return f"passed to the Python API (<code>{_e(config['api'])}</code>){hash_note}", data
+    if config.api:
+        model = f"passed to the Python API (<code>{_e(config.api)}</code>){hash_note}"
+        data = "batches" if fingerprint.data else "an evaluation function"
+        return model, f"{data} passed to the Python API"
     return ("not recorded" + hash_note if model_hash else "not recorded"), "not recorded"
 
 
 def _evaluation_seconds(data: AnalysisData) -> float | None:
     """Seconds spent evaluating variants, each shared variant (coupled parameters) counted once."""
-    params = _dict(data.sidecar, "params")
+    sidecar = data.sidecar
+    if sidecar is None:
+        return None
     seen: set[tuple[tuple[str, ...], float]] = set()
     total, found = 0.0, False
     for name, curve in data.sensitivities.items():
-        coupled = _dict(params.get(name)).get("coupled_params")
-        members = tuple(sorted({name, *(coupled if isinstance(coupled, list) else [])}))
+        param = sidecar.param(name)
+        members = tuple(sorted({name, *((param.coupled_params if param is not None else None) or [])}))
         for ratio in curve:
-            seconds = _number(variant(data.sidecar, name, ratio).get("seconds"))
+            record = sidecar.variant(name, ratio)
+            seconds = None if record is None else record.seconds
             if seconds is None or (members, ratio) in seen:
                 continue
             seen.add((members, ratio))
@@ -251,26 +210,25 @@ def _evaluation_seconds(data: AnalysisData) -> float | None:
     return total if found else None
 
 
-def _loss_definition(sidecar: Mapping[str, Any] | None, label: str) -> str:
+def _loss_definition(sidecar: Sidecar | None, label: str) -> str:
     """How the stored loss was computed from the metric (engine.relative_loss); positive means worse."""
-    settings = _dict(sidecar, "fingerprint", "settings")
-    metric = settings.get("metric")
-    if not isinstance(metric, str):
+    settings = _settings(sidecar)
+    metric = settings.metric
+    if metric is None:
         return "as stored in the analysis file (no sidecar says which metric); positive means worse"
-    worse = f"pruned {metric} - baseline {metric}" if metric == "ce" else f"baseline {metric} - pruned {metric}"
-    if settings.get("metric_mode") == "absolute":
+    worse = loss_difference(metric)
+    if settings.metric_mode == "absolute":
         return f"{label} = {worse}; positive means worse"
     return f"{label} = ({worse}) / |baseline {metric}|; positive means worse"
 
 
 def _summary(data: AnalysisData, target_loss: float | None, label: str) -> str:
-    sidecar = _dict(data.sidecar)
-    config = _dict(sidecar.get("config"))
-    fingerprint = _dict(sidecar.get("fingerprint"))
-    settings = _dict(fingerprint.get("settings"))
-    baseline = _dict(sidecar.get("baseline"))
-    tool = _dict(sidecar.get("tool"))
-    cost = _dict(sidecar.get("cost"))
+    sidecar = data.sidecar or Sidecar()
+    config = sidecar.config or ConfigRecord()
+    fingerprint = sidecar.fingerprint or FingerprintRecord()
+    settings = sidecar.settings
+    baseline = sidecar.baseline or {}
+    tool, cost = sidecar.tool, sidecar.cost
     model, dataset = _model_description(config, fingerprint)
     ratios = analysed_ratios(data.sensitivities)
     rows = [
@@ -280,19 +238,17 @@ def _summary(data: AnalysisData, target_loss: float | None, label: str) -> str:
     ]
     if baseline:
         metrics = ", ".join(
-            f"{key} {_fmt(baseline.get(key))}"
-            for key in ("top1", "top5", "ce")
-            if _number(baseline.get(key)) is not None
+            f"{key} {fixed(baseline.get(key))}" for key in ("top1", "top5", "ce") if baseline.get(key) is not None
         )
         rows.append(("baseline", _e(metrics or "-")))
-        rows.append(("images evaluated", _e(_count(baseline.get("images")))))
+        rows.append(("images evaluated", _e(count(baseline.get("images")))))
     rows.append(("loss", _e(_loss_definition(data.sidecar, label))))
-    if settings.get("criterion"):
-        reduction = f", group reduction {settings['group_reduction']}" if settings.get("group_reduction") else ""
-        rows.append(("channel ranking", _e(f"{settings['criterion']}{reduction}")))
-    if settings.get("round_to", 1) != 1:
-        rows.append(("channel rounding", _e(f"every pruned group keeps a multiple of {settings['round_to']} channels")))
-    if settings.get("adaptive_bn"):
+    if settings.criterion:
+        reduction = f", group reduction {settings.group_reduction}" if settings.group_reduction else ""
+        rows.append(("channel ranking", _e(f"{settings.criterion}{reduction}")))
+    if settings.round_to is not None and settings.round_to != 1:
+        rows.append(("channel rounding", _e(f"every pruned group keeps a multiple of {settings.round_to} channels")))
+    if settings.adaptive_bn:
         rows.append(
             (
                 "adaptive BN",
@@ -300,46 +256,48 @@ def _summary(data: AnalysisData, target_loss: float | None, label: str) -> str:
                 "changes were re-estimated on the calibration images (numbers differ from plain sensitivities)",
             )
         )
-    precision = settings.get("precision")
-    if isinstance(precision, list) and len(precision) == 2:
+    precision = settings.precision
+    if precision is not None and len(precision) == 2:
         rows.append(("adaptive precision", _e(f"+-{precision[0]} (95%), seed {precision[1]}")))
     rows.append(("ratios analysed", _e(", ".join(f"{r:g}" for r in ratios))))
-    unprunable = _dict(sidecar.get("unprunable"))
+    unprunable = sidecar.unprunable or {}
     rows.append(("layers", _e(f"{len(data.sensitivities)} analysed, {len(unprunable)} not prunable")))
-    if cost:
-        convention = cost.get("convention") or "MACs"
-        rows.append(("dense model", _e(f"{_count(cost.get('macs'))} MACs, {_count(cost.get('params'))} params")))
-        rows.append(("MACs convention", _e(convention)))
+    if cost is not None:
+        rows.append(("dense model", _e(f"{count(cost.macs)} MACs, {count(cost.params)} params")))
+        rows.append(("MACs convention", _e(cost.convention or "MACs")))
     seconds = _evaluation_seconds(data)
     if seconds is not None:
-        base = _number(baseline.get("seconds"))
+        base = baseline.get("seconds")
         extra = f" (+ {base:.1f} s baseline)" if base is not None else ""
         rows.append(("evaluation time", _e(f"{seconds:.1f} s summed over variants{extra}")))
     if target_loss is not None:
         rows.append(("target loss", _e(explain_target_loss(target_loss))))
-    if tool:
-        rows.append(("tool", _e(f"{tool.get('name', '')} {tool.get('version', '')}".strip())))
-    if sidecar.get("saved_at"):
-        rows.append(("saved at", _e(sidecar["saved_at"])))
-    if config.get("source"):
-        rows.append(("config file", f"<code>{_e(config['source'])}</code>"))
+    if tool is not None:
+        rows.append(("tool", _e(f"{tool.name or ''} {tool.version or ''}".strip())))
+    if sidecar.saved_at:
+        rows.append(("saved at", _e(sidecar.saved_at)))
+    if config.source:
+        rows.append(("config file", f"<code>{_e(config.source)}</code>"))
     return _table(rows)
 
 
-def _cell_title(record: Mapping[str, Any]) -> str:
+def _cell_title(record: VariantRecord | None) -> str:
     """Tooltip of a loss cell: the variant's metrics and what was removed."""
-    parts = [f"{key} {_fmt(record.get(key))}" for key in ("top1", "top5", "ce") if _number(record.get(key)) is not None]
-    if _number(record.get("channels_removed")) is not None:
-        parts.append(f"{int(record['channels_removed'])}/{record.get('channels', '?')} channels removed")
-    interval = record.get("interval")
-    if isinstance(interval, list) and len(interval) == 2:
-        parts.append(f"95% interval [{_fmt(interval[0])}, {_fmt(interval[1])}]")
-    if _number(record.get("macs_reduction")) is not None:
-        parts.append(f"MACs saved {_percent(record['macs_reduction'])}")
-    if _number(record.get("params_reduction")) is not None:
-        parts.append(f"params saved {_percent(record['params_reduction'])}")
-    if record.get("mode"):
-        parts.append(f"mode {record['mode']}")
+    if record is None:
+        return ""
+    parts = [f"{key} {fixed(record.metric(key))}" for key in ("top1", "top5", "ce") if record.metric(key) is not None]
+    if record.channels_removed is not None:
+        channels = "?" if record.channels is None else record.channels
+        parts.append(f"{record.channels_removed}/{channels} channels removed")
+    interval = record.interval
+    if interval is not None and len(interval) == 2:
+        parts.append(f"95% interval [{fixed(interval[0])}, {fixed(interval[1])}]")
+    if record.macs_reduction is not None:
+        parts.append(f"MACs saved {percent(record.macs_reduction)}")
+    if record.params_reduction is not None:
+        parts.append(f"params saved {percent(record.params_reduction)}")
+    if record.mode:
+        parts.append(f"mode {record.mode}")
     return "; ".join(parts)
 
 
@@ -348,9 +306,8 @@ def _loss_table(data: AnalysisData, target_loss: float | None, ratio: float, lab
     values = [loss for curve in data.sensitivities.values() for loss in curve.values()]
     cmap, norm = loss_colouring(values)
     derived = get_ratios_by_loss(data.sensitivities, target_loss) if target_loss is not None else {}
-    macs = savings_at(data, ratio, "macs_reduction")
-    params_saved = savings_at(data, ratio, "params_reduction")
-    info = _dict(data.sidecar, "params")
+    macs = savings_at(data, ratio, "macs")
+    params_saved = savings_at(data, ratio, "params")
     head = ['<th class="num">#</th>', "<th>parameter</th>", "<th>shape</th>"]
     names = list(data.sensitivities)
     extra: list[tuple[str, dict[str, str]]] = []  # (header, {param: cell text}) after the loss columns
@@ -358,12 +315,13 @@ def _loss_table(data: AnalysisData, target_loss: float | None, ratio: float, lab
         extra.append((f"ratio at target {target_loss:g}", {name: f"{derived[name]:.4f}" for name in names}))
     for key, saved in (("MACs", macs), ("params", params_saved)):
         if saved:
-            extra.append((f"{key} saved at {ratio:g}", {name: _percent(saved.get(name)) for name in names}))
+            extra.append((f"{key} saved at {ratio:g}", {name: percent(saved.get(name)) for name in names}))
     head += [f'<th class="num">{_e(text)}</th>' for text in [f"{r:g}" for r in ratios] + [h for h, _ in extra]]
     rows = []
     for number, (name, curve) in enumerate(data.sensitivities.items(), start=1):
-        shape = _dict(info.get(name)).get("shape")
-        shape_text = "x".join(str(s) for s in shape) if isinstance(shape, list) else "-"
+        param = None if data.sidecar is None else data.sidecar.param(name)
+        shape = None if param is None else param.shape
+        shape_text = "-" if shape is None else "x".join(str(s) for s in shape)
         cells = [f'<td class="num">{number}</td>', f'<td class="name">{_e(name)}</td>', f"<td>{_e(shape_text)}</td>"]
         for r in ratios:
             if r not in curve:
@@ -385,14 +343,15 @@ def _loss_table(data: AnalysisData, target_loss: float | None, ratio: float, lab
             f"The ratio at target is PaddleSlim's <code>get_ratios_by_loss</code> rule for target {_e(target_loss)}."
         )
     if macs:
-        convention = _dict(data.sidecar, "cost").get("convention") or "MACs of Conv and Linear layers"
+        cost = None if data.sidecar is None else data.sidecar.cost
+        convention = (cost.convention if cost is not None else None) or "MACs of Conv and Linear layers"
         notes.append(f"MACs and params saved are shares of the dense model ({_e(convention)}).")
     table = f'<table class="losses"><thead><tr>{"".join(head)}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
     return f'<p class="note">{" ".join(notes)}</p><div class="scroll">{table}</div>'
 
 
-def _unprunable_table(sidecar: Mapping[str, Any] | None) -> str:
-    unprunable = _dict(sidecar, "unprunable")
+def _unprunable_table(sidecar: Sidecar | None) -> str:
+    unprunable = (sidecar.unprunable if sidecar is not None else None) or {}
     if not unprunable:
         return '<p class="note">Every conv weight was prunable (or the sidecar does not say).</p>'
     rows = "".join(f'<tr><td class="name">{_e(n)}</td><td>{_e(r)}</td></tr>' for n, r in unprunable.items())
@@ -401,57 +360,62 @@ def _unprunable_table(sidecar: Mapping[str, Any] | None) -> str:
     )
 
 
-def _prediction(plan: Mapping[str, Any]) -> str:
+def _prediction(plan: PlanRecord) -> str:
     """What a plan's predicted loss is."""
-    if plan.get("method") == "measured":
+    if plan.method == "measured":
         return "measured for this plan by the search, all groups pruned at once"
     return "sum of the single-layer losses"
 
 
-def _plan_section(sidecar: Mapping[str, Any] | None) -> str:
+def _plan_section(sidecar: Sidecar | None) -> str:
     """The pruning plan (``run.py plan``/``verify``): its groups, predicted against measured loss, cost and speed."""
-    plan = _dict(sidecar, "plan")
-    if not plan:
+    plan = sidecar.plan if sidecar is not None else None
+    if plan is None:
         return ""
-    verification = _dict(plan.get("verification"))
-    target = _number(plan.get("target"))
-    what = (f"budget: {_e(plan.get('measure'))} reduced by at least {_percent(target)}" if target is not None
-            else f"ratios from <code>{_e(plan.get('source'))}</code>")  # fmt: skip
-    rows = [("plan", what), ("method", _e(plan.get("method_description") or plan.get("method", "-"))),
-            ("predicted loss", _e(f"{_fmt(plan.get('predicted_loss'))} ({_prediction(plan)})"))]  # fmt: skip
-    if verification:
-        measured, baseline, pruned = (_dict(verification.get(k)) for k in ("measured_loss", "baseline", "pruned"))
-        reestimated = _dict(verification.get("reestimated"))
-        again, after = _dict(reestimated.get("measured_loss")), _dict(reestimated.get("metrics"))
+    verification = plan.verification
+    target = plan.target
+    what = (f"budget: {_e(plan.measure)} reduced by at least {percent(target)}" if target is not None
+            else f"ratios from <code>{_e(plan.source)}</code>")  # fmt: skip
+    rows = [("plan", what), ("method", _e(plan.method_description or plan.method or "-")),
+            ("predicted loss", _e(f"{fixed(plan.predicted_loss)} ({_prediction(plan)})"))]  # fmt: skip
+    if verification is not None:
+        measured, baseline, pruned = (verification.measured_loss or {}, verification.baseline or {},
+                                      verification.pruned or {})  # fmt: skip
+        reestimated = verification.reestimated
+        again = (reestimated.measured_loss if reestimated is not None else None) or {}
+        after = (reestimated.metrics if reestimated is not None else None) or {}
         for metric in ("top1", "top5"):
             if metric in measured:
                 rows.append((f"measured {metric} loss, raw", _e(
-                    f"{_fmt(measured[metric])} ({metric} {_fmt(baseline.get(metric))} -> {_fmt(pruned.get(metric))}, "
-                    "all groups pruned at once, the dense model's BatchNorm statistics)")))  # fmt: skip
-            if metric in again:
+                    f"{fixed(measured[metric])} ({metric} {fixed(baseline.get(metric))} -> "
+                    f"{fixed(pruned.get(metric))}, all groups pruned at once, the dense model's BatchNorm "
+                    "statistics)")))  # fmt: skip
+            if metric in again and reestimated is not None:
                 rows.append((f"measured {metric} loss, BatchNorm re-estimated", _e(
-                    f"{_fmt(again[metric])} ({metric} {_fmt(baseline.get(metric))} -> {_fmt(after.get(metric))}, "
-                    f"statistics of {len(reestimated.get('batchnorm_layers') or [])} layers re-estimated on "
-                    f"{reestimated.get('calibration_images')} calibration images)")))  # fmt: skip
-        if not reestimated:
+                    f"{fixed(again[metric])} ({metric} {fixed(baseline.get(metric))} -> {fixed(after.get(metric))}, "
+                    f"statistics of {len(reestimated.batchnorm_layers or [])} layers re-estimated on "
+                    f"{reestimated.calibration_images} calibration images)")))  # fmt: skip
+        if reestimated is None:
             rows.append(("BatchNorm re-estimated", "not measured (no calibration images; see Global.calib_list)"))
-        for key in ("macs", "params", "checkpoint_bytes"):
-            pair = _dict(verification.get(key))
-            rows.append((key.replace("_", " "), _e(f"{_count(pair.get('dense'))} -> {_count(pair.get('pruned'))}")))
-        for batch, times in _dict(verification.get("latency_ms")).items():
-            dense, fast = _number(_dict(times).get("dense")), _number(_dict(times).get("pruned"))
+        for key, pair in (("macs", verification.macs), ("params", verification.params),
+                          ("checkpoint bytes", verification.checkpoint_bytes)):  # fmt: skip
+            dense, smaller = (None, None) if pair is None else (pair.dense, pair.pruned)
+            rows.append((key, _e(f"{count(dense)} -> {count(smaller)}")))
+        for batch, times in (verification.latency_ms or {}).items():
+            dense, fast = times.dense, times.pruned
             speedup = f", {dense / fast:.2f}x" if dense and fast else ""
             rows.append((f"latency {_e(batch.replace('_', ' '))}",
-                         _e(f"{_fmt(dense, '.2f')} ms -> {_fmt(fast, '.2f')} ms{speedup} "
-                            f"(median, {verification.get('device')})")))  # fmt: skip
+                         _e(f"{fixed(dense, '.2f')} ms -> {fixed(fast, '.2f')} ms{speedup} "
+                            f"(median, {verification.device})")))  # fmt: skip
     else:
-        after = _dict(plan.get("pruned"))
-        computed = f"{_count(after.get('macs'))}, {_count(after.get('params'))}"
-        rows.append(("MACs, params after", _e(f"{computed} (computed; run.py verify measures the pruned model)")))
+        after_cost = plan.pruned
+        macs, params = (None, None) if after_cost is None else (after_cost.macs, after_cost.params)
+        rows.append(("MACs, params after", _e(f"{count(macs)}, {count(params)} (computed; run.py verify measures the "
+                                              "pruned model)")))  # fmt: skip
     groups = "".join(
-        f'<tr><td class="name">{_e(", ".join(g.get("members", [])))}</td><td>{_fmt(g.get("ratio"))}</td>'
-        f"<td>{_e(g.get('channels_removed'))}/{_e(g.get('channels'))}</td><td>{_fmt(g.get('predicted_loss'))}</td></tr>"
-        for g in (plan.get("groups") or []) if isinstance(g, dict)
+        f'<tr><td class="name">{_e(", ".join(g.members or []))}</td><td>{fixed(g.ratio)}</td>'
+        f"<td>{_e(g.channels_removed)}/{_e(g.channels)}</td><td>{fixed(g.predicted_loss)}</td></tr>"
+        for g in plan.groups or []
     )  # fmt: skip
     head = "<th>group (params sharing one ratio)</th><th>ratio</th><th>channels removed</th><th>predicted loss</th>"
     table = f'<table class="losses"><thead><tr>{head}</tr></thead><tbody>{groups}</tbody></table>'
@@ -490,15 +454,15 @@ def render_html(
     """
     label = loss_label(data.sidecar)
     ratio = resolve_ratio(data.sensitivities, ratio, str(data.path))
-    sidecar = _dict(data.sidecar)
     no_sidecar = (
         ""
         if data.sidecar is not None
         else f'<p class="note">No sidecar ({_e(sidecar_path(data.path).name)}) was found, so the model, data, '
         "baseline and per-variant details are not known; only the losses are shown.</p>"
     )
-    if sidecar.get("config"):
-        config_text = yaml.safe_dump(sidecar["config"], sort_keys=False, allow_unicode=True, width=110)
+    stored_config = data.sidecar.config if data.sidecar is not None else None
+    if stored_config is not None and stored_config.to_json():
+        config_text = yaml.safe_dump(stored_config.to_json(), sort_keys=False, allow_unicode=True, width=110)
         config = f"<pre>{_e(config_text)}</pre>"
     else:
         config = '<p class="note">The configuration was not recorded.</p>'
@@ -586,8 +550,8 @@ def write_report(
         data.sensitivities,
         files.savings,
         ratio,
-        savings_at(data, ratio, "macs_reduction"),
-        savings_at(data, ratio, "params_reduction"),
+        savings_at(data, ratio, "macs"),
+        savings_at(data, ratio, "params"),
         label,
     )
     text = render_html(

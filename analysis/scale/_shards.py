@@ -19,11 +19,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from analysis.errors import AnalysisFileError, ConfigError
+from analysis.io import sidecar as schema
 from analysis.io._store import AnalysisStore, Fingerprint
-from analysis.io.results import Sensitivities, load_sensitivities, load_sidecar
+from analysis.io.results import Sensitivities, load_sensitivities
+from analysis.io.sidecar import Sidecar
 from analysis.structure.groups import PrunableParam
 
 logger = logging.getLogger(__name__)
@@ -105,34 +106,37 @@ def merge_files(output: str | os.PathLike[str], inputs: Sequence[str | os.PathLi
     """
     if not inputs:
         raise ConfigError("merge needs at least one input analysis file.")
-    return merge_loaded(output, [(str(path), load_sensitivities(path), load_sidecar(path)) for path in inputs])
+    return merge_loaded(output, [load_analysis_file(path) for path in inputs])
 
 
-def merge_loaded(
-    output: str | os.PathLike[str], loaded: Sequence[tuple[str, Sensitivities, Mapping[str, Any] | None]]
-) -> Sensitivities:
+Loaded = tuple[str, Sensitivities, Sidecar | None]
+"""An analysis file in memory: ``(label, sensitivities, sidecar)``."""
+
+
+def load_analysis_file(path: str | os.PathLike[str]) -> Loaded:
+    """Read an analysis file and its sidecar for :func:`merge_loaded`."""
+    return str(path), load_sensitivities(path), schema.load(path)
+
+
+def merge_loaded(output: str | os.PathLike[str], loaded: Sequence[Loaded]) -> Sensitivities:
     """Like :func:`merge_files`, for ``(label, sensitivities, sidecar)`` already in memory (e.g. sent by ranks)."""
-    with_sidecar = [(label, sidecar) for label, _, sidecar in loaded if sidecar is not None]
-    reference_label, reference = with_sidecar[0] if with_sidecar else ("", {})
+    with_sidecar: list[tuple[str, Sidecar]] = [(label, sidecar) for label, _, sidecar in loaded if sidecar is not None]
+    reference_label, reference = with_sidecar[0] if with_sidecar else ("", Sidecar())
     for label, sidecar in with_sidecar[1:]:
-        if sidecar.get("fingerprint") != reference.get("fingerprint"):
+        if sidecar.fingerprint != reference.fingerprint:
             raise AnalysisFileError(
                 f"{label} was computed on another model, other data or with other settings than {reference_label} "
                 "(their sidecar fingerprints differ); merge only shards of one analysis."
             )
-    for label, _, sidecar in loaded:
-        if sidecar is None:
+    for label, _, found in loaded:
+        if found is None:
             logger.warning("%s has no sidecar: it cannot be checked against the others; merging it anyway.", label)
-    order = list(reference.get("model_order") or [])
+    order = list(reference.model_order or [])
     for _, sensitivities, _ in loaded:
         order += [name for name in sensitivities if name not in set(order)]
-    fingerprint = _fingerprint(reference.get("fingerprint") or {})
-    store = AnalysisStore(output, fingerprint, order, overwrite=True, config=reference.get("config"))
-    for _, sensitivities, sidecar in loaded:
-        store.absorb(sensitivities, sidecar or {})
+    fingerprint = Fingerprint.of(reference.fingerprint)
+    store = AnalysisStore(output, fingerprint, order, overwrite=True, config=reference.config)
+    for _, sensitivities, found in loaded:
+        store.absorb(sensitivities, found)
     store.save()
     return store.ordered()
-
-
-def _fingerprint(stored: Mapping[str, Any]) -> Fingerprint:
-    return Fingerprint(model=stored.get("model"), data=stored.get("data"), settings=stored.get("settings") or {})

@@ -34,14 +34,8 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from analysis.errors import UserError
 from analysis.io._lock import exclusive
-from analysis.io.results import (
-    Sensitivities,
-    atomic_write_bytes,
-    load_sensitivities,
-    load_sidecar,
-    sidecar_path,
-)
-from analysis.scale._shards import ShardSpec, merge_loaded
+from analysis.io.results import Sensitivities, atomic_write_bytes, load_sensitivities, sidecar_path
+from analysis.scale._shards import ShardSpec, load_analysis_file, merge_loaded
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +131,7 @@ def run_ranks(
     main = Path(analysis_file)
     mine = rank.shard_file(main)
     leftovers = sorted(main.parent.glob(rank_file(main, "*").name))
-    sent = _gather([] if overwrite else [_load(path) for path in leftovers])
+    sent = _gather([] if overwrite else [load_analysis_file(path) for path in leftovers])
     error: UserError | None = None
     total = None
     if rank.leader:
@@ -146,7 +140,7 @@ def run_ranks(
                 if overwrite:
                     _remove([main])
                 elif any(sent):
-                    previous = [_load(main)] if main.exists() else []
+                    previous = [load_analysis_file(main)] if main.exists() else []
                     merge_loaded(main, previous + [item for items in sent for item in items])
             total = analyse(analysis_file=main, shard=None, baseline_only=True, progress=False)
         except UserError as caught:
@@ -170,12 +164,12 @@ def run_ranks(
         if monitor is not None:
             monitor.join()
 
-    shards = _gather([_load(mine)])
+    shards = _gather([load_analysis_file(mine)])
     merged = None
     if rank.leader:
         try:
             with exclusive(main):
-                merged = merge_loaded(main, [_load(main), *(item for items in shards for item in items)])
+                merged = merge_loaded(main, [load_analysis_file(main), *(item for items in shards for item in items)])
         except UserError as caught:
             error = caught
     agree(error)
@@ -195,14 +189,10 @@ def fold_local_shards(analysis_file: str | os.PathLike[str], discard: bool = Fal
         _remove(leftovers)
     elif leftovers:
         with exclusive(main):
-            merge_loaded(main, [_load(path) for path in ([main] if main.exists() else []) + leftovers])
+            merge_loaded(main, [load_analysis_file(path) for path in ([main] if main.exists() else []) + leftovers])
         _remove(leftovers)
         logger.info("Merged %d shard(s) of an interrupted torchrun job into %s.", len(leftovers), main)
     return leftovers
-
-
-def _load(path: Path) -> tuple[str, Sensitivities, dict[str, Any] | None]:
-    return str(path), load_sensitivities(path), load_sidecar(path)
 
 
 def _gather(items: Sequence[Any]) -> list[Any]:

@@ -11,6 +11,10 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
+import torch_pruning as tp
+from torch import nn
+
+from analysis.structure.groups import PrunableParam, full_group, is_out_channel_item
 
 Criterion = Callable[[torch.Tensor], torch.Tensor]
 
@@ -22,7 +26,8 @@ def l1_norm(weight: torch.Tensor) -> torch.Tensor:
 
 def l2_norm(weight: torch.Tensor) -> torch.Tensor:
     """Euclidean norm of each filter."""
-    return weight.detach().flatten(1).norm(p=2, dim=1)
+    norms: torch.Tensor = weight.detach().flatten(1).norm(p=2, dim=1)  # torch's Tensor.norm is unannotated
+    return norms
 
 
 def geometry_median(weight: torch.Tensor) -> torch.Tensor:
@@ -103,3 +108,47 @@ def lowest_channels(scores: torch.Tensor, count: int, blocks: Sequence[Sequence[
         order = torch.argsort(block_scores, stable=True)[:per_block]
         chosen.extend(block[i] for i in order.tolist())
     return sorted(chosen)
+
+
+def channel_scores(
+    model: nn.Module, graph: tp.DependencyGraph, param: PrunableParam, criterion: str, group_reduction: str = "self"
+) -> torch.Tensor:
+    """Importance of each output channel of ``param`` (low = removed first).
+
+    ``group_reduction: self`` ranks on the conv's own weight (or its BatchNorm for ``bn_scale``); ``mean``
+    averages over every conv (or BatchNorm) whose output channels are in the group, mapped to the root's channels.
+
+    Raises:
+        ValueError: If the criterion cannot score this param (no BatchNorm for ``bn_scale``, unscored channels).
+    """
+    conv = model.get_submodule(param.module_name)
+    assert isinstance(conv, nn.Conv2d)
+    if group_reduction == "self":
+        if criterion == "bn_scale":
+            if param.bn_name is None:
+                raise ValueError(f"{param.name} has no BatchNorm after it")
+            batchnorm = model.get_submodule(param.bn_name)
+            assert isinstance(batchnorm, nn.modules.batchnorm._BatchNorm)  # bn_name is only ever set to a BatchNorm
+            return bn_scale(batchnorm.weight)
+        return CRITERIA[criterion](conv.weight)
+    total = torch.zeros(param.channels, dtype=torch.float64)
+    count = torch.zeros(param.channels, dtype=torch.float64)
+    for item in full_group(graph, conv):
+        module = item.dep.target.module
+        if not is_out_channel_item(graph, item):
+            continue
+        if criterion == "bn_scale":
+            if not isinstance(module, nn.modules.batchnorm._BatchNorm) or module.weight is None:
+                continue
+            scores = bn_scale(module.weight)
+        elif isinstance(module, nn.Conv2d):
+            scores = CRITERIA[criterion](module.weight)
+        else:
+            continue
+        local = torch.tensor(list(item.idxs))
+        root = torch.tensor(list(item.root_idxs))
+        total.index_add_(0, root, scores.double().cpu()[local])
+        count.index_add_(0, root, torch.ones(len(root), dtype=torch.float64))
+    if not bool((count > 0).all()):
+        raise ValueError(f"{param.name}: some channels have no {criterion} score in the group")
+    return (total / count).float()

@@ -9,13 +9,12 @@ which differs only when weights repeat. Zeroing is the operation itself, so the 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
 from analysis.structure.criteria import channels_to_remove
 from analysis.structure.groups import PrunableParam
+from analysis.structure.masking import Slice
 
 ELEMENT_DIMS = (2, 4)
 
@@ -42,7 +41,7 @@ def magnitude_order(weight: torch.Tensor) -> torch.Tensor:
     return torch.argsort(weight.detach().abs().flatten().float().cpu(), stable=True)
 
 
-def element_slices(weight: torch.Tensor, flat_indices: torch.Tensor) -> list[tuple[torch.Tensor, Any]]:
+def element_slices(weight: torch.Tensor, flat_indices: torch.Tensor) -> list[Slice]:
     """The ``(tensor, index)`` slice zeroing ``flat_indices`` of ``weight``, for
     :func:`analysis.structure.masking.zeroed`."""
     index = torch.unravel_index(flat_indices.to(weight.device), tuple(weight.shape))

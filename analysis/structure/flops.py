@@ -26,6 +26,7 @@ positions (recorded once) times the number of weight elements it keeps.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -81,7 +82,7 @@ class Cost:
         """One sentence saying what :attr:`macs` counts."""
         return CONVENTIONS[self.mode]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, str | int]:
         """A JSON-friendly summary: convention, mode, macs and params."""
         return {"convention": self.convention, "mode": self.mode, "macs": self.macs, "params": self.params}
 
@@ -125,7 +126,7 @@ def layer_positions(model: nn.Module, example_input: torch.Tensor) -> dict[str, 
     names = {module: name for name, module in model.named_modules()}
     positions: dict[str, int] = defaultdict(int)
 
-    def record(module: nn.Module, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    def record(module: nn.modules.conv._ConvNd | nn.Linear, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
         if isinstance(module, nn.Linear):
             count = output.numel() // module.out_features
         elif module.transposed:
@@ -146,8 +147,15 @@ def layer_positions(model: nn.Module, example_input: torch.Tensor) -> dict[str, 
 
 def _macs_cost(model: nn.Module, positions: dict[str, int]) -> Cost:
     """The ``"macs"`` cost from each layer's positions and its current weight size."""
-    per_module = {name: count * model.get_submodule(name).weight.numel() for name, count in positions.items()}
+    per_module = {name: count * _layer_weight(model, name).numel() for name, count in positions.items()}
     return Cost(sum(per_module.values()), count_params(model), "macs", per_module)
+
+
+def _layer_weight(model: nn.Module, name: str) -> torch.Tensor:
+    """The weight of the conv/linear layer ``name`` (a layer :func:`layer_positions` found)."""
+    weight = model.get_submodule(name).weight
+    assert isinstance(weight, torch.Tensor)
+    return weight
 
 
 def _first_sample(model: nn.Module, example_input: torch.Tensor) -> torch.Tensor:
@@ -157,7 +165,9 @@ def _first_sample(model: nn.Module, example_input: torch.Tensor) -> torch.Tensor
     return sample.to(param.device) if param is not None else sample
 
 
-Removed = dict[tuple[Any, bool], frozenset[int]]
+Member = nn.Module | nn.Parameter
+"""What a Torch-Pruning group item acts on: a layer (or one of its op nodes), or a bare parameter."""
+Removed = dict[tuple[Member, bool], frozenset[int]]
 """Channels a removal takes from each layer: ``(module, output side?) -> channel indices``."""
 
 
@@ -179,7 +189,7 @@ class CostModel:
         self.dense = _macs_cost(model, self._positions)
         self._weight_names = {id(model.get_submodule(name).weight): name for name in self.dense.per_module}
 
-    def variant(self, graph: tp.DependencyGraph, conv: nn.Module | str, channels: Sequence[int]) -> Cost:
+    def variant(self, graph: tp.DependencyGraph, conv: nn.Conv2d | str, channels: Sequence[int]) -> Cost:
         """The cost after removing ``channels`` of ``conv``'s outputs and everything coupled to them.
 
         Args:
@@ -188,10 +198,13 @@ class CostModel:
             conv: The root conv, as module or module name.
             channels: Output channel indices to remove.
         """
-        module = self.model.get_submodule(conv) if isinstance(conv, str) else conv
-        return self.group_cost(graph, removal_group(graph, module, channels))
+        if isinstance(conv, str):
+            module = self.model.get_submodule(conv)
+            assert isinstance(module, nn.Conv2d)
+            conv = module
+        return self.group_cost(graph, removal_group(graph, conv, channels))
 
-    def group_cost(self, graph: tp.DependencyGraph, group: Any) -> Cost:
+    def group_cost(self, graph: tp.DependencyGraph, group: Iterable[Any]) -> Cost:
         """The cost after applying a Torch-Pruning removal ``group`` built on ``graph`` of this model.
 
         Raises:
@@ -201,9 +214,9 @@ class CostModel:
         """
         return self.removed_cost(graph, self.removed_channels(graph, group))
 
-    def removed_channels(self, graph: tp.DependencyGraph, group: Any) -> Removed:
+    def removed_channels(self, graph: tp.DependencyGraph, group: Iterable[Any]) -> Removed:
         """What a removal ``group`` takes from each layer: ``(module, output side?) -> channel indices``."""
-        removed: dict[tuple[Any, bool], set[int]] = defaultdict(set)
+        removed: dict[tuple[Member, bool], set[int]] = defaultdict(set)
         for item in group:
             module = item.dep.target.module
             if id(module) not in self._owned and _has_parameters(module):
@@ -233,8 +246,8 @@ class CostModel:
         params = self.dense.params
         macs = self.dense.macs
         per_module = dict(self.dense.per_module)
-        for key, (tensor, removed) in total.items():
-            shape = [size - gone for size, gone in zip(tensor.shape, removed, strict=True)]
+        for key, (tensor, removed_per_dim) in total.items():
+            shape = [size - gone for size, gone in zip(tensor.shape, removed_per_dim, strict=True)]
             params -= tensor.numel() - math.prod(shape)
             name = self._weight_names.get(key)
             if name is not None:
@@ -271,7 +284,7 @@ class ShapeDelta:
 
 
 def _pruned_shapes(
-    graph: tp.DependencyGraph, module: Any, out_idxs: set[int], in_idxs: set[int]
+    graph: tp.DependencyGraph, module: Member, out_idxs: set[int], in_idxs: set[int]
 ) -> Iterator[tuple[torch.Tensor, list[int]]]:
     """Yield ``(parameter, shape after removal)`` for each parameter of a group member that loses elements."""
 
@@ -316,7 +329,7 @@ def _pruned_shapes(
         raise NotImplementedError(f"cannot size a {type(module).__name__} after channel removal")
 
 
-def _has_parameters(module: Any) -> bool:
+def _has_parameters(module: Member) -> bool:
     """True for a bare parameter or a module that owns parameters (Torch-Pruning's op nodes own none)."""
     return isinstance(module, nn.Parameter) or next(module.parameters(recurse=False), None) is not None
 
@@ -334,14 +347,26 @@ def _per_group_removal(conv: nn.modules.conv._ConvNd, in_idxs: set[int]) -> int:
     return counts[0]
 
 
+@dataclass(frozen=True)
+class CostSummary:
+    """A variant's MACs and params, with the fraction of the dense model's values its pruning removes."""
+
+    macs: int
+    params: int
+    macs_reduction: float
+    params_reduction: float
+
+
+def summarise(dense: Cost, variant: Cost) -> CostSummary:
+    """The :class:`CostSummary` of ``variant`` against ``dense``."""
+    return CostSummary(
+        variant.macs, variant.params, _reduction(dense.macs, variant.macs), _reduction(dense.params, variant.params)
+    )
+
+
 def cost_summary(dense: Cost, variant: Cost) -> dict[str, int | float]:
-    """A variant's MACs and params with the fraction of the dense values removed (JSON-friendly)."""
-    return {
-        "macs": variant.macs,
-        "params": variant.params,
-        "macs_reduction": _reduction(dense.macs, variant.macs),
-        "params_reduction": _reduction(dense.params, variant.params),
-    }
+    """:func:`summarise` as a JSON-friendly mapping."""
+    return dataclasses.asdict(summarise(dense, variant))
 
 
 def _reduction(dense: int, variant: int) -> float:
@@ -416,22 +441,26 @@ def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -
     return args[index] if len(args) > index else kwargs.get(name)
 
 
-def _conv_ops(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
+def _conv_ops(args: tuple[Any, ...], kwargs: dict[str, Any], out: torch.Tensor) -> int:
     """aten.convolution / aten._convolution: MACs plus the bias adds."""
-    x, weight, bias = args[0], args[1], _arg(args, kwargs, 2, "bias")
+    x: torch.Tensor = args[0]
+    weight: torch.Tensor = args[1]
+    bias = _arg(args, kwargs, 2, "bias")
     transposed = bool(_arg(args, kwargs, 6, "transposed"))
     positions = x.numel() // x.shape[1] if transposed else out.numel() // out.shape[1]
     return positions * weight.numel() + (out.numel() if bias is not None else 0)
 
 
-def _mm_ops(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
+def _mm_ops(args: tuple[Any, ...], kwargs: dict[str, Any], out: torch.Tensor) -> int:
     """mm/bmm/mv/dot: one MAC per output element per reduced element."""
-    return out.numel() * args[0].shape[-1]
+    left: torch.Tensor = args[0]
+    return out.numel() * left.shape[-1]
 
 
-def _addmm_ops(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
+def _addmm_ops(args: tuple[Any, ...], kwargs: dict[str, Any], out: torch.Tensor) -> int:
     """addmm/baddbmm/addmv: the product's MACs plus one add per output element."""
-    return out.numel() * args[1].shape[-1] + out.numel()
+    left: torch.Tensor = args[1]
+    return out.numel() * left.shape[-1] + out.numel()
 
 
 def _pool_ops(spatial_dims: int) -> OpRule:
@@ -450,7 +479,8 @@ def _stat_norm_ops(weight_index: int, bias_index: int) -> OpRule:
         affine = (_arg(args, kwargs, weight_index, "weight") is not None) + (
             _arg(args, kwargs, bias_index, "bias") is not None
         )
-        return args[0].numel() * (5 + affine)
+        data: torch.Tensor = args[0]
+        return data.numel() * (5 + affine)
 
     return rule
 
@@ -481,11 +511,11 @@ def _rule(name: str) -> OpRule | None:
     return None
 
 
-class _OpCounter(TorchDispatchMode):
+class _OpCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch leaves __init_subclass__ unannotated
     """Counts each ATen op by the ``"full"`` convention, attributed to the innermost running module."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # torch leaves __init__ unannotated
         self.scope: list[str] = []
         self.per_module: dict[str, int] = defaultdict(int)
         self.uncounted: set[str] = set()

@@ -147,7 +147,8 @@ def removal_group(graph: tp.DependencyGraph, conv: nn.Conv2d, channels: Sequence
 
 def is_out_channel_item(graph: tp.DependencyGraph, item: Any) -> bool:
     """True when the group item removes output channels (rather than input slices) of its layer."""
-    return graph.is_out_channel_pruning_fn(item.dep.handler)
+    out_side: bool = graph.is_out_channel_pruning_fn(item.dep.handler)  # Torch-Pruning is unannotated
+    return out_side
 
 
 def is_grouped_conv(module: nn.Module) -> bool:

@@ -9,9 +9,10 @@ comparing against a physically pruned copy (:mod:`analysis.structure.physical`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from types import EllipsisType
+from typing import Any, TypeAlias
 
 import torch
 import torch_pruning as tp
@@ -19,12 +20,15 @@ from torch import nn
 
 from analysis.structure.groups import is_depthwise, is_out_channel_item
 
-Slice = tuple[torch.Tensor, int, torch.Tensor]  # (tensor, dim, indices)
+Index: TypeAlias = torch.Tensor | tuple[slice | EllipsisType | torch.Tensor, ...]
+"""Where a slice lies in its tensor, usable as ``tensor[index]``: channel indices, or one entry per dimension."""
+Slice: TypeAlias = tuple[torch.Tensor, Index]
+"""A ``(tensor, index)`` pair that a variant zeroes."""
 
 
-def zeroed_slices(graph: tp.DependencyGraph, group: Any) -> list[tuple[torch.Tensor, Any]]:
+def zeroed_slices(graph: tp.DependencyGraph, group: Iterable[Any]) -> list[Slice]:
     """List ``(tensor, index)`` pairs to zero for a removal group; ``index`` is usable as ``tensor[index]``."""
-    slices: list[tuple[torch.Tensor, Any]] = []
+    slices: list[Slice] = []
     for item in group:
         module, idxs = item.dep.target.module, list(item.idxs)
         if not idxs:
@@ -52,10 +56,10 @@ def zeroed_slices(graph: tp.DependencyGraph, group: Any) -> list[tuple[torch.Ten
     return slices
 
 
-def _conv_slices(conv: nn.Conv2d, index: torch.Tensor, out: bool) -> list[tuple[torch.Tensor, Any]]:
+def _conv_slices(conv: nn.Conv2d, index: torch.Tensor, out: bool) -> list[Slice]:
     weight = conv.weight.data
     if out or is_depthwise(conv):
-        result = [(weight, index)]
+        result: list[Slice] = [(weight, index)]
         if conv.bias is not None:
             result.append((conv.bias.data, index))
         return result
@@ -64,7 +68,8 @@ def _conv_slices(conv: nn.Conv2d, index: torch.Tensor, out: bool) -> list[tuple[
     # grouped conv input channel c: output rows of its conv group, local column c % (in_channels // groups)
     per_group_in = conv.in_channels // conv.groups
     per_group_out = conv.out_channels // conv.groups
-    rows, cols = [], []
+    rows: list[int] = []
+    cols: list[int] = []
     for channel in index.tolist():
         block, local = divmod(channel, per_group_in)
         rows.extend(range(block * per_group_out, (block + 1) * per_group_out))
@@ -73,7 +78,7 @@ def _conv_slices(conv: nn.Conv2d, index: torch.Tensor, out: bool) -> list[tuple[
 
 
 @contextmanager
-def masked(graph: tp.DependencyGraph, group: Any) -> Iterator[None]:
+def masked(graph: tp.DependencyGraph, group: Iterable[Any]) -> Iterator[None]:
     """Zero the group's slices for the duration of the block; restore the original values afterwards, also when
     the block raises. Restoring writes back saved copies, so the weights are bit-identical to before."""
     with zeroed(zeroed_slices(graph, group)):
@@ -81,7 +86,7 @@ def masked(graph: tp.DependencyGraph, group: Any) -> Iterator[None]:
 
 
 @contextmanager
-def zeroed(slices: list[tuple[torch.Tensor, Any]]) -> Iterator[None]:
+def zeroed(slices: list[Slice]) -> Iterator[None]:
     """Zero precomputed ``(tensor, index)`` slices (see :func:`zeroed_slices`) for the block, then restore them."""
     saved = []
     with torch.no_grad():

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import nn
@@ -38,6 +37,7 @@ def _remove(clone: nn.Module, conv_name: str, channels: Sequence[int], example_i
     """Remove ``channels`` of ``conv_name``'s output and its group from ``clone``, in place."""
     graph = build_dependency_graph(clone, example_input)
     conv = clone.get_submodule(conv_name)
+    assert isinstance(conv, nn.Conv2d)
     group = removal_group(graph, conv, channels)
     param_names = {param: name for name, param in clone.named_parameters()}
     for item in group:
@@ -73,7 +73,7 @@ def _remove_grouped_conv_inputs(conv: nn.Conv2d, channels: Sequence[int]) -> Non
     conv.in_channels -= len(channels)
 
 
-def _replace_parameter(model: nn.Module, name: str, value: Any) -> None:
+def _replace_parameter(model: nn.Module, name: str, value: nn.Parameter) -> None:
     owner_name, _, attr = name.rpartition(".")
     owner = model.get_submodule(owner_name) if owner_name else model
     setattr(owner, attr, value)

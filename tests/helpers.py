@@ -1,0 +1,194 @@
+"""Helpers shared by the test modules: paths, data and config writers, the in-process CLI runner, random models and
+batches, and the two-engine comparison. Test modules import these from here, never from each other."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+from torch import nn
+
+from analysis import analysis_prune
+from analysis.cli.main import main
+from analysis.io.results import load_sensitivities, load_sidecar
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_MODELS = Path(__file__).resolve().parent / "tiny_models.py"
+ENGINE_MODELS = Path(__file__).resolve().parent / "engine_models.py"
+
+Batches = list[tuple[torch.Tensor, torch.Tensor]]
+
+# ---- data and configs ----------------------------------------------------------------------------------------------
+
+
+def write_images(root: Path, layout: str, labels: list[int], size: tuple[int, int] = (20, 16), seed: int = 0) -> None:
+    """Write random RGB PNGs for ``labels`` in the PaddleSlim list layout or the ImageFolder layout."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for index, label in enumerate(labels):
+        pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+        if layout == "list":
+            relative = Path("val") / f"img_{index:04d}.png"
+            lines.append(f"{relative} {label}")
+        else:
+            relative = Path("val") / f"class_{label:02d}" / f"img_{index:04d}.png"
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(root / relative)
+    if layout == "list":
+        (root / "val_list.txt").write_text("\n".join(lines) + "\n")
+
+
+def write_train_list(root: Path, count: int) -> None:
+    """Random training PNGs in ``root/train``, listed in ``root/train_list.txt`` (the default calibration set)."""
+    rng = np.random.default_rng(5)
+    lines = []
+    for index in range(count):
+        relative = Path("train") / f"train_{index:04d}.png"
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (16, 20, 3), dtype=np.uint8)).save(root / relative)
+        lines.append(f"{relative} {index % 10}")
+    (root / "train_list.txt").write_text("\n".join(lines) + "\n")
+
+
+def write_config(path: Path, data: dict[str, Any]) -> Path:
+    """Dump ``data`` as YAML to ``path`` and return the path."""
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def tiny_global(data_dir: Path, **extra: Any) -> dict[str, Any]:
+    """A Global block for the tiny CNN with random weights on 16x16 crops."""
+    block = {
+        "arch": f"{TINY_MODELS}:tiny_cnn",
+        "arch_kwargs": {"num_classes": 10},
+        "data_dir": str(data_dir),
+        "batch_size": 8,
+        "img_size": 16,
+        "resize_size": 16,
+        "num_workers": 0,
+        "device": "cpu",
+    }
+    block.update(extra)
+    return block
+
+
+def analysis_config(tmp_path: Path, data: Path, arch: str, analysis: dict | None = None, **extra: object) -> Path:
+    """A config analysing ``engine_models.<arch>`` at ratio 0.5 into ``tmp_path/out/s.pkl``, written to a.yaml."""
+    block = tiny_global(data, arch=f"{ENGINE_MODELS}:{arch}", **extra)
+    section = {"analysis_file": str(tmp_path / "out" / "s.pkl"), "pruned_ratios": [0.5], **(analysis or {})}
+    return write_config(tmp_path / "a.yaml", {"Global": block, "SensitivityAnalysis": section})
+
+
+# ---- the CLI, in-process ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CliResult:
+    """Exit code and captured output of one in-process CLI run."""
+
+    code: int
+    out: str
+    err: str
+
+
+# main() turns these signals into these exit codes (and restores the previous handlers before returning).
+_SIGNAL_EXITS = {130: signal.SIGINT, 143: signal.SIGTERM}
+
+
+def run_cli(argv: Sequence[str | os.PathLike[str]]) -> int:
+    """Run ``analysis.cli.main`` in the test process and return its exit code.
+
+    ``main()`` turns SIGINT and SIGTERM into the exit codes 130 and 143. In the test process such a signal was
+    meant for pytest (a CI timeout, a Ctrl-C): no in-process test sends one (the signal tests run the CLI in a
+    subprocess), so a run that ends with 130 or 143 stops the whole session with that exit code, instead of
+    becoming a result that a test could take as a pass.
+    """
+    handlers = {sig: signal.getsignal(sig) for sig in _SIGNAL_EXITS.values()}
+    code = main([str(a) for a in argv])
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers, "main() left its signal handlers installed"
+    if code in _SIGNAL_EXITS:
+        name = _SIGNAL_EXITS[code].name
+        pytest.exit(f"{name} arrived during an in-process CLI run: it was meant for pytest", returncode=code)
+    return code
+
+
+def assert_user_error(result: CliResult, pattern: str) -> None:
+    """The run failed with exit code 2 and one ``error:`` line matching ``pattern``, no traceback, no output."""
+    assert result.code == 2, result.err
+    lines = result.err.strip().splitlines()
+    assert lines[-1].startswith("error: "), result.err
+    assert re.search(pattern, lines[-1]), lines[-1]
+    assert "Traceback" not in result.err
+    assert result.out == ""
+
+
+# ---- models and batches ------------------------------------------------------------------------------------------
+
+
+def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Random weights and BN statistics, so that no BN is an identity and every channel matters."""
+    torch.manual_seed(seed)
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.running_mean.uniform_(-0.5, 0.5)
+            module.running_var.uniform_(0.5, 2.0)
+            module.weight.data.uniform_(0.5, 1.5)
+            module.bias.data.uniform_(-0.5, 0.5)
+    return model.eval()
+
+
+def batches(count: int = 3, size: int = 8, resolution: int = 16, classes: int = 10) -> Batches:
+    """``count`` seeded batches of random images and random labels."""
+    generator = torch.Generator().manual_seed(1)
+    return [
+        (torch.randn(size, 3, resolution, resolution, generator=generator),
+         torch.randint(0, classes, (size,), generator=generator))
+        for _ in range(count)
+    ]  # fmt: skip
+
+
+def pseudo_labelled(model: nn.Module, data: Batches) -> Batches:
+    """Label the data with the model's own predictions, so the baseline top1 is 1 and pruning visibly hurts."""
+    with torch.inference_mode():
+        return [(images, model(images).argmax(dim=1)) for images, _ in data]
+
+
+def calibration_batches(count: int = 2, size: int = 8, resolution: int = 16) -> Batches:
+    """Random images other than those of :func:`batches` (labels are unused by re-estimation)."""
+    generator = torch.Generator().manual_seed(123)
+    return [
+        (torch.randn(size, 3, resolution, resolution, generator=generator), torch.zeros(size, dtype=torch.long))
+        for _ in range(count)
+    ]
+
+
+# ---- the two engines ---------------------------------------------------------------------------------------------
+
+
+def analyse_both(model: nn.Module, data: Any, tmp_path: Path, **kwargs: Any) -> tuple[dict, dict]:
+    """Run both engines on the same model and data; return their sidecars (which hold every variant's metrics)."""
+    for engine in ("reference", "fast"):
+        analysis_prune(model, data, tmp_path / f"{engine}.pkl", engine=engine, progress=False, **kwargs)
+    reference, fast = (load_sensitivities(tmp_path / f"{e}.pkl") for e in ("reference", "fast"))
+    assert fast == reference  # exact float equality of every loss
+    assert (tmp_path / "fast.pkl").read_bytes() == (tmp_path / "reference.pkl").read_bytes()
+    return load_sidecar(tmp_path / "reference.pkl"), load_sidecar(tmp_path / "fast.pkl")
+
+
+def variant_metrics(sidecar: dict) -> dict:
+    """``(param, ratio) -> {top1, top5, ce, images}`` of every variant in a sidecar."""
+    return {
+        (name, ratio): {k: v[k] for k in ("top1", "top5", "ce", "images")}
+        for name, info in sidecar["params"].items()
+        for ratio, v in info.get("variants", {}).items()
+    }
