@@ -37,7 +37,7 @@ _EXPORTS = {
     "count_flops_params": "analysis.compat.counter",
     "dependency_sets": "analysis.compat.topology",
     "evaluate": "analysis.engine.evaluate",
-    "export_csv": "analysis.io.results",
+    "export_csv": "analysis.io.tables",
     "export_pruned": "analysis.planning.export",
     "find_prunable": "analysis.structure.groups",
     "fix_mask_conflict": "analysis.compat.mask_conflict",
@@ -64,7 +64,8 @@ if TYPE_CHECKING:
     from analysis.errors import AnalysisFileError, ConfigError, DataError, ModelError, UserError
     from analysis.inputs.data import build_eval_loader
     from analysis.inputs.models import build_model
-    from analysis.io.results import export_csv, load_sensitivities, merge_sensitive, save_sensitivities
+    from analysis.io.results import load_sensitivities, merge_sensitive, save_sensitivities
+    from analysis.io.tables import export_csv
     from analysis.planning.export import export_pruned, load_pruned
     from analysis.planning.plan import Plan, build_plan, plan_from_ratios
     from analysis.planning.ratios import get_ratios_by_loss

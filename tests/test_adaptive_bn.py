@@ -18,7 +18,8 @@ from analysis.errors import AnalysisFileError, ConfigError
 from analysis.inputs.calibration import build_calibration_set
 from analysis.inputs.data import apply_data_cache, build_eval_loader
 from analysis.inputs.models import build_model
-from analysis.io.results import export_csv, load_sensitivities, load_sidecar
+from analysis.io.results import load_sensitivities, load_sidecar
+from analysis.io.tables import export_csv
 from analysis.reporting.report import write_report
 from analysis.structure.criteria import l1_norm, select_channels
 from analysis.structure.groups import build_dependency_graph, find_prunable, removal_group

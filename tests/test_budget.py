@@ -8,7 +8,7 @@ import random
 import pytest
 
 from analysis.planning._curves import interpolate
-from analysis.planning.ratios import BudgetUnreachable, Choice, GroupOptions, _improve, allocate
+from analysis.planning.allocate import BudgetUnreachable, Choice, GroupOptions, _improve, allocate
 
 
 def group(name: str, points: list[tuple[float, float]]) -> GroupOptions:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.planning.ratios import channel_prune_yaml, explain_target_loss, get_ratios_by_loss, save_ratios_yaml
+from analysis.io.ratios_yaml import channel_prune_yaml, save_ratios_yaml
+from analysis.planning.ratios import explain_target_loss, get_ratios_by_loss
 
 # --------------------------------------------------------------------------------------------- get_ratios_by_loss
 

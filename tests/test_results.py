@@ -13,11 +13,8 @@ import pytest
 
 from analysis.errors import AnalysisFileError
 from analysis.io import results
+from analysis.io.atomic import atomic_write_bytes, atomic_write_text
 from analysis.io.results import (
-    atomic_write_bytes,
-    atomic_write_text,
-    csv_path,
-    export_csv,
     load_sensitivities,
     load_sidecar,
     merge_sensitive,
@@ -27,6 +24,7 @@ from analysis.io.results import (
     save_sidecar,
     sidecar_path,
 )
+from analysis.io.tables import csv_path, export_csv
 
 
 def write_pickle(path: Path, data: object, protocol: int = pickle.DEFAULT_PROTOCOL) -> Path:

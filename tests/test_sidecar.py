@@ -16,7 +16,7 @@ from analysis.compat.paddleslim import analysis_prune
 from analysis.errors import AnalysisFileError
 from analysis.io import sidecar as schema
 from analysis.io._store import AnalysisStore, Fingerprint
-from analysis.io.results import export_csv, load_sensitivities, normalise_ratio, save_sensitivities, sidecar_path
+from analysis.io.results import load_sensitivities, normalise_ratio, save_sensitivities, sidecar_path
 from analysis.io.sidecar import (
     EarlyStopRecord,
     FingerprintRecord,
@@ -26,6 +26,7 @@ from analysis.io.sidecar import (
     VariantRecord,
     variant_key,
 )
+from analysis.io.tables import export_csv
 
 # A sidecar as the demo (digits_mobilenet, tool 0.1.0) wrote it after a measured plan, cut down to two params,
 # two variants each, one plan group and one search evaluation; every section and value type is the real one.

@@ -17,7 +17,9 @@ from analysis.config import load_config
 from analysis.errors import AnalysisFileError
 from analysis.inputs.models import build_model
 from analysis.io._lock import exclusive
-from analysis.io.results import CSV_STYLES, atomic_write_text, csv_path, export_csv, sidecar_path
+from analysis.io.atomic import atomic_write_text
+from analysis.io.results import sidecar_path
+from analysis.io.tables import CSV_STYLES, csv_path, export_csv
 from analysis.scale._shards import merge_files
 
 

@@ -21,12 +21,12 @@ from analysis.errors import AnalysisFileError, ConfigError
 from analysis.inputs._job import Inputs, build_inputs, needs_calibration
 from analysis.io import sidecar as schema
 from analysis.io._lock import exclusive
+from analysis.io.ratios_yaml import load_ratios_yaml, save_ratios_yaml
 from analysis.io.results import ratios_path
 from analysis.io.sidecar import ConfigRecord, Sidecar
 from analysis.planning.export import export_pruned
 from analysis.planning.measured import Scoring, SearchSettings, build_measured_plan
 from analysis.planning.plan import Plan, build_plan, plan_from_ratios
-from analysis.planning.ratios import load_ratios_yaml, save_ratios_yaml
 from analysis.planning.verify import Verification, verify_plan
 from analysis.structure.flops import format_count
 from analysis.structure.physical import jointly_pruned_copy

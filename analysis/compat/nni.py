@@ -34,7 +34,7 @@ from analysis.engine.run import Selection, run_analysis
 from analysis.engine.settings import AnalysisData, EngineSettings
 from analysis.errors import ConfigError, did_you_mean
 from analysis.io import sidecar as schema
-from analysis.io.results import atomic_write_text
+from analysis.io.atomic import atomic_write_text
 from analysis.io.sidecar import Sidecar, VariantRecord
 from analysis.structure.criteria import CRITERIA, lowest_channels
 from analysis.structure.elementwise import ELEMENT_DIMS, element_slices, magnitude_order

@@ -22,8 +22,9 @@ from analysis.engine.settings import AnalysisData, EngineSettings
 from analysis.io._fingerprint import model_fingerprint
 from analysis.io._lock import exclusive
 from analysis.io._store import AnalysisStore, Fingerprint
+from analysis.io.ratios_yaml import save_ratios_yaml
 from analysis.io.results import Sensitivities, ratios_path
-from analysis.planning.ratios import get_ratios_by_loss, save_ratios_yaml
+from analysis.planning.ratios import get_ratios_by_loss
 from analysis.scale._shards import ShardSpec, shard_params
 from analysis.structure.elementwise import element_params
 from analysis.structure.flops import CostModel

@@ -19,14 +19,8 @@ from typing import Any
 from analysis import __version__
 from analysis.errors import AnalysisFileError
 from analysis.io import sidecar as schema
-from analysis.io.results import (
-    Sensitivities,
-    load_sensitivities,
-    normalise_ratio,
-    remove_stale_temporaries,
-    save_sensitivities,
-    sidecar_path,
-)
+from analysis.io.atomic import remove_stale_temporaries
+from analysis.io.results import Sensitivities, load_sensitivities, normalise_ratio, save_sensitivities, sidecar_path
 from analysis.io.sidecar import (
     ConfigRecord,
     CostRecord,

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from analysis.errors import AnalysisFileError
-from analysis.io.results import atomic_write_text, load_sidecar, normalise_ratio, sidecar_path, sidecar_text
+from analysis.io.atomic import atomic_write_text
+from analysis.io.results import load_sidecar, normalise_ratio, sidecar_path, sidecar_text
 
 R = TypeVar("R", bound="_Record")
 Decoder = Callable[[Any, str], Any]

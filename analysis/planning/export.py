@@ -21,7 +21,7 @@ from torch import nn
 
 from analysis.errors import ModelError
 from analysis.inputs.device import model_device
-from analysis.io.results import atomic_write_bytes, atomic_write_text
+from analysis.io.atomic import atomic_write_bytes, atomic_write_text
 
 MODEL_FILE = "pruned_model.pt"
 STATE_DICT_FILE = "pruned_state_dict.pt"

@@ -48,8 +48,8 @@ from analysis.io.results import load_sensitivities
 from analysis.io.sidecar import Sidecar
 from analysis.planning._joint import JointEvaluator, JointScore
 from analysis.planning._trades import TradePicker
+from analysis.planning.allocate import Choice, GroupOptions
 from analysis.planning.plan import Plan, Planner, open_planner
-from analysis.planning.ratios import Choice, GroupOptions
 from analysis.structure.groups import eval_mode
 
 logger = logging.getLogger(__name__)

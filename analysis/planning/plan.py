@@ -28,7 +28,7 @@ from analysis.io._fingerprint import model_fingerprint
 from analysis.io.results import load_sensitivities, sidecar_path
 from analysis.io.sidecar import CostRecord, PlanGroupRecord, PlanRecord
 from analysis.planning._curves import interpolate, monotone_curve
-from analysis.planning.ratios import Allocation, BudgetUnreachable, Choice, GroupOptions, allocate
+from analysis.planning.allocate import Allocation, BudgetUnreachable, Choice, GroupOptions, allocate
 from analysis.structure.criteria import allowed_counts, channel_scores, lowest_channels, removal_count
 from analysis.structure.flops import Cost, CostModel, ShapeDelta, cost_summary
 from analysis.structure.groups import (

@@ -37,7 +37,8 @@ from matplotlib.colors import Colormap, ListedColormap, Normalize
 from matplotlib.figure import Figure
 
 from analysis.errors import ConfigError
-from analysis.io.results import atomic_write_bytes, normalise_ratio
+from analysis.io.atomic import atomic_write_bytes
+from analysis.io.results import normalise_ratio
 from analysis.planning.ratios import get_ratios_by_loss
 
 DPI = 100

@@ -19,7 +19,8 @@ import yaml
 
 from analysis.errors import AnalysisFileError
 from analysis.io import sidecar as schema
-from analysis.io.results import Sensitivities, atomic_write_text, load_sensitivities, sidecar_path
+from analysis.io.atomic import atomic_write_text
+from analysis.io.results import Sensitivities, load_sensitivities, sidecar_path
 from analysis.io.sidecar import (
     ConfigRecord,
     FingerprintRecord,

@@ -34,7 +34,8 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from analysis.errors import UserError
 from analysis.io._lock import exclusive
-from analysis.io.results import Sensitivities, atomic_write_bytes, load_sensitivities, sidecar_path
+from analysis.io.atomic import atomic_write_bytes
+from analysis.io.results import Sensitivities, load_sensitivities, sidecar_path
 from analysis.scale._shards import ShardSpec, load_analysis_file, merge_loaded
 
 logger = logging.getLogger(__name__)
