@@ -333,6 +333,12 @@ def normalise_ratios(ratios: Sequence[float], key: str) -> list[float]:
     for ratio in ratios:
         if not (0.0 < ratio < 1.0):
             raise ConfigError(f"{key} must hold ratios strictly between 0 and 1, got {ratio}.")
+        if not (0.0 < round(float(ratio), RATIO_DECIMALS) < 1.0):  # stored rounded: 1e-7 would become 0.0
+            raise ConfigError(
+                f"{key} holds {ratio}, which rounds to {round(float(ratio), RATIO_DECIMALS)} at the "
+                f"{RATIO_DECIMALS} decimals ratios are stored with; use a ratio between "
+                f"{10**-RATIO_DECIMALS:g} and {1 - 10**-RATIO_DECIMALS:g}."
+            )
     return sorted({round(float(r), RATIO_DECIMALS) for r in ratios})
 
 

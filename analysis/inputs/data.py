@@ -21,10 +21,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.functional import convert_image_dtype
 from torchvision.transforms.v2 import functional as TF
@@ -153,11 +154,52 @@ def read_sample_list(root: Path, list_path: Path, key: str = "Global.val_list") 
 
 
 def scan_image_folder(folder: Path) -> list[Sample]:
-    """List the images of an ImageFolder root (``folder/<class>/<image>``, classes sorted, torchvision's rules)."""
+    """List the images of an ImageFolder root (``folder/<class>/<image>``): torchvision's classes, order and
+    extensions, with symbolic links followed, but nothing reached twice: torchvision would list the images behind a
+    link that points back up again, under another class's label.
+
+    Raises:
+        DataError: If a folder (a link loop, a folder linked twice) or an image file is reached through two paths.
+    """
     classes, class_to_idx = find_classes(str(folder))
-    pairs = make_dataset(str(folder), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+    seen_folders = {os.path.realpath(folder): str(folder)}  # a link back to the root is a loop too
+    seen_images: dict[str, str] = {}
+    samples = []
+    for name in classes:
+        for path in _class_images(folder / name, seen_folders):
+            real = os.path.realpath(path)
+            if real in seen_images:
+                raise DataError(
+                    f"ImageFolder {folder}: {path} and {seen_images[real]} are the same image file ({real}); an "
+                    "image must appear once (check symbolic links under the class folders)."
+                )
+            seen_images[real] = path
+            samples.append(Sample(path, class_to_idx[name], f"{folder} (class '{name}')"))
     logger.debug("ImageFolder %s: %d classes", folder, len(classes))
-    return [Sample(path, label, f"{folder} (class '{classes[label]}')") for path, label in pairs]
+    return samples
+
+
+def _class_images(class_folder: Path, seen_folders: dict[str, str]) -> list[str]:
+    """The image files below one class folder in torchvision's order (sorted walk, sorted names), following
+    symbolic links; ``seen_folders`` maps the real path of every folder entered so far to the path it was entered by.
+
+    Raises:
+        DataError: If a folder is reached a second time.
+    """
+    walked = []
+    for root, _, files in os.walk(class_folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen_folders:
+            raise DataError(
+                f"ImageFolder {class_folder.parent}: {root} leads to {seen_folders[real]}, which is listed already (a "
+                "symbolic link loop or a folder linked twice); remove the link so that every image appears once."
+            )
+        seen_folders[real] = root
+        walked.append((root, files))
+    return [
+        os.path.join(root, name) for root, files in sorted(walked) for name in sorted(files)
+        if name.lower().endswith(IMG_EXTENSIONS)
+    ]  # fmt: skip
 
 
 def has_subfolders(folder: Path) -> bool:
@@ -210,10 +252,36 @@ def subset_indices(samples: Sequence[Sample], max_samples: int | None, seed: int
     return sorted(chosen)
 
 
+SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
+
+
+def rgb_image(image: Image.Image) -> Image.Image:
+    """The 8-bit RGB image every model sees, from any Pillow mode.
+
+    16-bit pixels are scaled to 8 bits by keeping their high byte (``v >> 8``, as ``torchvision.io.decode_png`` with
+    ``convert_image_dtype`` and OpenCV do): Pillow's own ``convert("RGB")`` clips them to 255 instead, which turns a
+    16-bit image white. Pillow opens 16-bit PNGs as ``I;16`` (older versions as ``I``, which from a PNG is 16-bit
+    too). Alpha is dropped; palette, 1-bit, grayscale, CMYK, YCbCr and LAB images are converted by Pillow, as
+    torchvision's ImageFolder loader does.
+
+    Raises:
+        ValueError: For 32-bit integer (``I``, other than from a PNG) and floating-point (``F``) pixels, which have
+            no defined 8-bit scale.
+    """
+    mode = image.mode
+    if mode in SIXTEEN_BIT_MODES or (mode == "I" and image.format == "PNG"):
+        high_byte = (np.asarray(image).astype(np.uint32) >> 8).clip(0, 255).astype(np.uint8)
+        return Image.fromarray(high_byte, "L").convert("RGB")
+    if mode in ("I", "F"):
+        kind = "32-bit integer" if mode == "I" else "floating-point"
+        raise ValueError(f"its {kind} pixels (Pillow mode {mode}) have no defined 8-bit scale; save it as 8 or 16 bits")
+    return image.convert("RGB")
+
+
 def load_image(path: str, preprocess: Preprocess) -> torch.Tensor:
-    """Decode one image to a uint8 CHW tensor: RGB, short side resized, center-cropped."""
+    """Decode one image to a uint8 CHW tensor: RGB (see :func:`rgb_image`), short side resized, center-cropped."""
     with Image.open(path) as image:
-        rgb = image.convert("RGB")
+        rgb = rgb_image(image)
     resized = TF.resize(rgb, [preprocess.resize_size], interpolation=INTERPOLATION_MODES[preprocess.interpolation])
     image_tensor: torch.Tensor = TF.pil_to_tensor(TF.center_crop(resized, [preprocess.img_size]))
     return image_tensor

@@ -1,0 +1,178 @@
+"""Inputs that used to give wrong numbers with exit code 0 (issue 16): 16-bit images, ImageFolder link loops, ratios
+that round to 0 or 1. Each must now give the right numbers, or exit 2 naming the culprit with nothing changed."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from analysis.config import GlobalConfig, normalise_ratios
+from analysis.errors import ConfigError, DataError
+from analysis.inputs.data import Preprocess, build_eval_loader, load_image, rgb_image, scan_image_folder
+
+from helpers import CliResult, assert_user_error, tiny_global, write_config, write_images
+
+Cli = Callable[..., CliResult]
+PREPROCESS = Preprocess(img_size=8, resize_size=8)
+
+
+def sixteen_bit(seed: int = 0) -> np.ndarray:
+    """8x8 16-bit gray values covering the whole range (most of them far above 255)."""
+    return np.random.default_rng(seed).integers(0, 65536, (8, 8), dtype=np.uint16)
+
+
+def expected_rgb(values: np.ndarray) -> torch.Tensor:
+    """The high byte of each 16-bit value on all three channels (torchvision's and OpenCV's 16 -> 8-bit rule)."""
+    high = torch.from_numpy((values >> 8).astype(np.uint8))
+    return high.expand(3, *high.shape)
+
+
+# ---- image modes ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mode", "suffix"), [("I;16", ".png"), ("I;16", ".tif"), ("I;16B", ".tif")])
+def test_16_bit_images_keep_their_high_byte_instead_of_turning_white(tmp_path: Path, mode: str, suffix: str) -> None:
+    values = sixteen_bit()
+    path = tmp_path / f"x{suffix}"
+    raw = values.astype(">u2" if mode == "I;16B" else "<u2").tobytes()
+    Image.frombytes(mode, (8, 8), raw).save(path)
+    with Image.open(path) as opened:
+        assert opened.mode == mode  # the file really opens in the mode under test
+    assert torch.equal(load_image(str(path), PREPROCESS), expected_rgb(values))
+
+
+def test_a_16_bit_png_opened_as_mode_i_is_16_bit_too() -> None:
+    values = sixteen_bit(1)
+    image = Image.fromarray(values.astype(np.int32), "I")
+    image.format = "PNG"  # older Pillow versions open 16-bit PNGs as mode I
+    assert torch.equal(torch.from_numpy(np.array(rgb_image(image))).permute(2, 0, 1), expected_rgb(values))
+
+
+@pytest.mark.parametrize(("mode", "suffix"), [("I", ".tif"), ("F", ".tif")])
+def test_32_bit_and_float_pixels_are_refused_by_name(tmp_path: Path, mode: str, suffix: str) -> None:
+    path = tmp_path / f"x{suffix}"
+    Image.new(mode, (8, 8), 3).save(path)
+    with pytest.raises(ValueError, match=rf"Pillow mode {mode}\) have no defined 8-bit scale"):
+        load_image(str(path), PREPROCESS)
+
+
+# Every mode a file opens in with Pillow, and the file type that keeps it; 8-bit modes convert as Pillow does.
+EIGHT_BIT_MODES = [("1", ".png"), ("L", ".png"), ("LA", ".png"), ("P", ".png"), ("PA", ".tif"), ("RGB", ".png"),
+                   ("RGBA", ".png"), ("CMYK", ".tif"), ("YCbCr", ".tif"), ("LAB", ".tif")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("mode", "suffix"), EIGHT_BIT_MODES)
+def test_every_8_bit_mode_converts_as_pillow_does(tmp_path: Path, mode: str, suffix: str) -> None:
+    pixels = np.random.default_rng(2).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    path = tmp_path / f"x{suffix}"
+    Image.fromarray(pixels).convert(mode).save(path)
+    with Image.open(path) as opened:
+        assert opened.mode == mode
+        expected = torch.from_numpy(np.asarray(opened.convert("RGB")).copy()).permute(2, 0, 1)
+    assert torch.equal(load_image(str(path), PREPROCESS), expected)
+
+
+def test_a_16_bit_dataset_decodes_like_its_8_bit_high_bytes(tmp_path: Path) -> None:
+    for name, bits in (("deep", 16), ("flat", 8)):
+        root = tmp_path / name / "val"
+        root.mkdir(parents=True)
+        for index in range(4):
+            values = sixteen_bit(index)
+            Image.fromarray(values if bits == 16 else (values >> 8).astype(np.uint8)).save(root / f"{index}.png")
+        (tmp_path / name / "val_list.txt").write_text("".join(f"val/{i}.png {i}\n" for i in range(4)))
+    configs = [GlobalConfig(data_dir=str(tmp_path / n), img_size=8, resize_size=8, batch_size=4, num_workers=0)
+               for n in ("deep", "flat")]  # fmt: skip
+    loaders = [build_eval_loader(config, torch.device("cpu")) for config in configs]
+    (deep, _), (flat, _) = (next(iter(loader)) for loader in loaders)
+    assert torch.equal(deep, flat)
+
+
+def test_an_unusable_image_mode_exits_2_naming_the_file(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    Image.new("F", (20, 16), 0.5).save(list_data / "val" / "img_0003.tif")
+    lines = (list_data / "val_list.txt").read_text().replace("img_0003.png", "img_0003.tif")
+    (list_data / "val_list.txt").write_text(lines)
+    config = write_config(tmp_path / "c.yaml", {"Global": tiny_global(list_data),
+                                                "SensitivityAnalysis": {"analysis_file": "out/s.pkl"}})  # fmt: skip
+    assert_user_error(cli("--config_path", config), r"img_0003\.tif cannot be decoded .*Pillow mode F")
+    assert not (tmp_path / "out").exists()
+
+
+# ---- ImageFolder links ---------------------------------------------------------------------------------------------
+
+
+def folder_data(tmp_path: Path) -> Path:
+    write_images(tmp_path / "data", "folder", [0, 1, 2, 0, 1, 2])
+    return tmp_path / "data"
+
+
+def test_a_link_back_up_is_refused_instead_of_relabelling_images(tmp_path: Path) -> None:
+    data = folder_data(tmp_path)
+    os.symlink("..", data / "val" / "class_00" / "loop")  # class_00/loop/class_01/... would be labelled class 0
+    with pytest.raises(DataError, match=r"class_00/loop leads to .*val, which is listed already"):
+        scan_image_folder(data / "val")
+
+
+def test_a_folder_linked_twice_is_refused(tmp_path: Path) -> None:
+    data = folder_data(tmp_path)
+    os.symlink(data / "val" / "class_00", data / "val" / "class_03")
+    with pytest.raises(DataError, match=r"class_03 leads to .*class_00, which is listed already"):
+        scan_image_folder(data / "val")
+
+
+def test_an_image_linked_twice_is_refused(tmp_path: Path) -> None:
+    data = folder_data(tmp_path)
+    first = sorted((data / "val" / "class_00").iterdir())[0]
+    os.symlink(first, data / "val" / "class_01" / "copy.png")
+    with pytest.raises(DataError, match=rf"copy\.png and .*{first.name} are the same image file"):
+        scan_image_folder(data / "val")
+
+
+def test_links_to_other_folders_are_still_followed_like_torchvision(tmp_path: Path) -> None:
+    data = folder_data(tmp_path)
+    extra = tmp_path / "elsewhere"
+    write_images(extra, "folder", [5, 5], seed=3)
+    os.symlink(extra / "val" / "class_05", data / "val" / "class_02" / "more")
+    samples = scan_image_folder(data / "val")
+    assert [(Path(s.path).relative_to(data / "val").as_posix(), s.label) for s in samples] == [
+        ("class_00/img_0000.png", 0), ("class_00/img_0003.png", 0), ("class_01/img_0001.png", 1),
+        ("class_01/img_0004.png", 1), ("class_02/img_0002.png", 2), ("class_02/img_0005.png", 2),
+        ("class_02/more/img_0000.png", 2), ("class_02/more/img_0001.png", 2),
+    ]  # fmt: skip
+
+
+def test_a_link_loop_exits_2_and_leaves_the_analysis_file_alone(cli: Cli, tmp_path: Path) -> None:
+    data = folder_data(tmp_path)
+    config = write_config(tmp_path / "c.yaml", {"Global": tiny_global(data),
+                                                "SensitivityAnalysis": {"analysis_file": "out/s.pkl"}})  # fmt: skip
+    assert cli("--config_path", config, "--no_report").code == 0
+    before = (tmp_path / "out" / "s.pkl").read_bytes()
+    os.symlink("..", data / "val" / "class_01" / "loop")
+    assert_user_error(cli("--config_path", config, "--no_report"), r"class_01/loop leads to .*listed already")
+    assert (tmp_path / "out" / "s.pkl").read_bytes() == before
+
+
+# ---- ratios that round to 0 or 1 ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("ratio", "rounded"), [(1e-7, "0.0"), (0.9999999, "1.0")])
+def test_ratios_that_round_to_0_or_1_are_refused(ratio: float, rounded: str) -> None:
+    with pytest.raises(ConfigError, match=rf"holds {ratio}, which rounds to {rounded} at the 6 decimals"):
+        normalise_ratios([0.2, ratio], "SensitivityAnalysis.pruned_ratios")
+
+
+def test_the_smallest_and_largest_storable_ratios_are_kept() -> None:
+    assert normalise_ratios([1e-6, 0.999999], "k") == [1e-6, 0.999999]
+
+
+@pytest.mark.parametrize("ratio", ["1e-7", "0.9999999"])
+def test_a_ratio_that_rounds_away_exits_2_naming_the_key(cli: Cli, tmp_path: Path, list_data: Path, ratio: str) -> None:
+    config = write_config(tmp_path / "c.yaml", {"Global": tiny_global(list_data),
+                                                "SensitivityAnalysis": {"analysis_file": "out/s.pkl"}})  # fmt: skip
+    assert_user_error(cli("--config_path", config, "--pruned_ratios", ratio), r"pruned_ratios holds .* which rounds to")
+    assert not (tmp_path / "out").exists()
