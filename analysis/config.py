@@ -202,14 +202,16 @@ def validate(config: Config) -> None:
         values = getattr(g, key)
         if len(values) != 3:
             raise ConfigError(f"Global.{key} must list 3 values (R, G, B), got {len(values)}.")
+        if not all(math.isfinite(v) for v in values):
+            raise ConfigError(f"Global.{key} must hold finite numbers, got {list(values)}.")
     if any(v <= 0 for v in g.std):
         raise ConfigError(f"Global.std values must be positive, got {list(g.std)}.")
     if g.num_workers is not None and g.num_workers < 0:
         raise ConfigError(f"Global.num_workers must be 0 or more (or unset for automatic), got {g.num_workers}.")
     check_choice("Global.data_cache", g.data_cache, DATA_CACHE_MODES)
-    if g.cache_max_gb is not None and g.cache_max_gb <= 0:
+    if g.cache_max_gb is not None and not (0 < g.cache_max_gb < math.inf):
         raise ConfigError(
-            f"Global.cache_max_gb must be positive (or unset for half the free RAM), got {g.cache_max_gb}."
+            f"Global.cache_max_gb must be a positive number of GB (unset: half the free RAM), got {g.cache_max_gb}."
         )
     if g.max_samples is not None and g.max_samples < 1:
         raise ConfigError(f"Global.max_samples must be a positive integer (or unset for all), got {g.max_samples}.")

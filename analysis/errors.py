@@ -26,6 +26,19 @@ class ModelError(UserError):
     """The model cannot be built or its weights cannot be loaded."""
 
 
+class UserCodeError(ModelError):
+    """The user's own code (a ``module:callable`` model) raised: their bug, so the CLI shows their traceback above
+    the one-sentence message and exits with code 2.
+
+    Attributes:
+        user_traceback: The formatted traceback of the user's exception.
+    """
+
+    def __init__(self, message: str, user_traceback: str) -> None:
+        super().__init__(message)
+        self.user_traceback = user_traceback
+
+
 class AnalysisFileError(UserError):
     """An analysis file (pickle, sidecar, ratios) is unreadable, unsafe, or belongs to another model or data."""
 

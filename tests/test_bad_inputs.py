@@ -3,7 +3,9 @@ that round to 0 or 1. Each must now give the right numbers, or exit 2 naming the
 
 from __future__ import annotations
 
+import codecs
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +16,15 @@ from PIL import Image
 
 from analysis.config import GlobalConfig, normalise_ratios
 from analysis.errors import ConfigError, DataError
-from analysis.inputs.data import Preprocess, build_eval_loader, load_image, rgb_image, scan_image_folder
+from analysis.inputs.data import (
+    Preprocess,
+    build_eval_loader,
+    load_image,
+    read_sample_list,
+    rgb_image,
+    scan_image_folder,
+)
+from analysis.io._lock import exclusive
 
 from helpers import CliResult, assert_user_error, tiny_global, write_config, write_images
 
@@ -176,3 +186,125 @@ def test_a_ratio_that_rounds_away_exits_2_naming_the_key(cli: Cli, tmp_path: Pat
                                                 "SensitivityAnalysis": {"analysis_file": "out/s.pkl"}})  # fmt: skip
     assert_user_error(cli("--config_path", config, "--pruned_ratios", ratio), r"pruned_ratios holds .* which rounds to")
     assert not (tmp_path / "out").exists()
+
+
+# ---- list files: encodings -----------------------------------------------------------------------------------------
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_path(tmp_path: Path, list_data: Path) -> None:
+    listed = (list_data / "val_list.txt").read_bytes()
+    (list_data / "val_list.txt").write_bytes(codecs.BOM_UTF8 + listed)
+    samples = read_sample_list(list_data, list_data / "val_list.txt")
+    assert samples[0].path == str(list_data / "val" / "img_0000.png") and len(samples) == 20
+
+
+def test_a_byte_that_is_not_utf8_names_the_file_and_line(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    lines = (list_data / "val_list.txt").read_bytes().split(b"\n")
+    lines[6] = b"val/caf\xe9.png 3"  # Latin-1, not UTF-8
+    (list_data / "val_list.txt").write_bytes(b"\n".join(lines))
+    config = write_config(tmp_path / "c.yaml", {"Global": tiny_global(list_data),
+                                                "SensitivityAnalysis": {"analysis_file": "out/s.pkl"}})  # fmt: skip
+    assert_user_error(cli("--config_path", config), r"val_list\.txt line 7 is not UTF-8 text \(byte 0xe9\)")
+    assert not (tmp_path / "out").exists()
+
+
+# ---- non-finite numbers --------------------------------------------------------------------------------------------
+
+NON_FINITE = {
+    "Global.cache_max_gb=.nan": r"Global\.cache_max_gb must be a positive number of GB .*got nan",
+    "Global.cache_max_gb=.inf": r"Global\.cache_max_gb must be a positive number of GB .*got inf",
+    "Global.mean=[.nan,0.4,0.4]": r"Global\.mean must hold finite numbers, got \[nan, 0\.4, 0\.4\]",
+    "Global.std=[0.2,.inf,0.2]": r"Global\.std must hold finite numbers, got \[0\.2, inf, 0\.2\]",
+    "SensitivityAnalysis.pruned_ratios=[0.2,.nan]": r"pruned_ratios must hold ratios strictly between 0 and 1, got nan",
+    "SensitivityAnalysis.target_loss=.nan": r"SensitivityAnalysis\.target_loss must be .*got nan",
+    "SensitivityAnalysis.target_loss=.inf": r"SensitivityAnalysis\.target_loss must be .*got inf",
+    "SensitivityAnalysis.target_macs_reduction=.nan": r"target_macs_reduction must be between 0 and 1 .*got nan",
+    "SensitivityAnalysis.precision=.inf": r"SensitivityAnalysis\.precision must be between 0 and 1 .*got inf",
+}
+
+
+@pytest.mark.parametrize("override", list(NON_FINITE))
+def test_non_finite_numbers_are_refused_before_any_work(
+    cli: Cli, tmp_path: Path, list_data: Path, override: str
+) -> None:
+    config = write_config(tmp_path / "c.yaml", {"Global": tiny_global(list_data),
+                                                "SensitivityAnalysis": {"analysis_file": "out/s.pkl"}})  # fmt: skip
+    result = cli("--config_path", config, override)
+    assert_user_error(result, NON_FINITE[override])
+    assert "Baseline" not in result.err and not (tmp_path / "out").exists()
+
+
+# ---- locked analysis files -----------------------------------------------------------------------------------------
+
+
+def test_a_locked_analysis_file_is_refused_before_the_model_and_data_load(cli: Cli, tmp_path: Path) -> None:
+    """The model file and the data do not exist: the lock must be what the run reports, not those."""
+    target = tmp_path / "out" / "s.pkl"
+    target.parent.mkdir()
+    config = write_config(tmp_path / "c.yaml", {
+        "Global": tiny_global(tmp_path / "no_data", arch=f"{tmp_path / 'no_model.py'}:build"),
+        "SensitivityAnalysis": {"analysis_file": str(target)},
+    })  # fmt: skip
+    with exclusive(target):
+        result = cli("--config_path", config)
+    assert_user_error(result, r"s\.pkl is being written by process \d+ on ")
+    assert not target.exists()
+
+
+# ---- the user's own model code ---------------------------------------------------------------------------------------
+
+MODEL_CODE = """
+import torch
+
+
+def build(num_classes=10, broken=""):
+    if broken == "type":
+        return helper(None)
+    if broken == "value":
+        raise ValueError("width must be even")
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.LazyLinear(num_classes))
+
+
+def helper(value):
+    return value + 1  # TypeError inside the user's code, not an argument mismatch
+"""
+
+
+@pytest.mark.parametrize(
+    ("broken", "error"),
+    [("type", r"TypeError: unsupported operand"), ("value", r"ValueError: width must be even")],
+)
+def test_an_exception_in_the_users_model_code_shows_their_traceback(
+    cli: Cli, tmp_path: Path, list_data: Path, broken: str, error: str
+) -> None:
+    (tmp_path / "my_model.py").write_text(MODEL_CODE)
+    block = tiny_global(list_data, arch=f"{tmp_path / 'my_model.py'}:build", arch_kwargs={"broken": broken})
+    config = write_config(tmp_path / "c.yaml", {"Global": block, "SensitivityAnalysis": {"analysis_file": "out/s.pkl"}})
+    result = cli("--config_path", config)
+    assert_their_error(result, rf"Global\.arch .*my_model\.py:build raised {error}.* \(traceback above\)")
+
+
+def test_arguments_that_do_not_fit_are_still_called_that(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    (tmp_path / "my_model.py").write_text(MODEL_CODE)
+    block = tiny_global(list_data, arch=f"{tmp_path / 'my_model.py'}:build", arch_kwargs={"depth": 3})
+    config = write_config(tmp_path / "c.yaml", {"Global": block, "SensitivityAnalysis": {"analysis_file": "out/s.pkl"}})
+    assert_user_error(cli("--config_path", config), r"Global\.arch_kwargs do not fit .*unexpected keyword .*depth")
+
+
+def test_a_model_file_that_fails_to_import_shows_its_traceback(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    (tmp_path / "my_model.py").write_text("import torch\nWIDTH = 1 / 0\n")
+    block = tiny_global(list_data, arch=f"{tmp_path / 'my_model.py'}:build")
+    config = write_config(tmp_path / "c.yaml", {"Global": block, "SensitivityAnalysis": {"analysis_file": "out/s.pkl"}})
+    result = cli("--config_path", config)
+    assert_their_error(result, r"importing .*my_model\.py raised ZeroDivisionError: division by zero")
+    assert "WIDTH = 1 / 0" in result.err
+
+
+def assert_their_error(result: CliResult, pattern: str) -> None:
+    """Exit 2, one ``error:`` line last, and above it the traceback of the user's code only (none of ours)."""
+    assert result.code == 2, result.err
+    shown, _, last = result.err.strip().rpartition("\n")
+    assert re.search(pattern, last) and last.startswith("error: "), last
+    assert "arch_kwargs do not fit" not in result.err
+    assert 'my_model.py", line' in shown and "/analysis/" not in shown  # their frames, not ours
+    assert shown.count("Traceback (most recent call last)") == 1

@@ -257,7 +257,7 @@ def _default_list_is_the_eval_list(root: Path) -> dict[str, Any]:
 BAD_INPUTS = [
     pytest.param(_missing_list, r"Global\.calib_list .*nowhere\.txt does not exist", id="missing_list"),
     pytest.param(_empty_list, r"Global\.calib_list .*calib\.txt lists no images", id="empty_list"),
-    pytest.param(_not_text, r"Global\.calib_list .*calib\.txt is not UTF-8 text", id="not_text"),
+    pytest.param(_not_text, r"Global\.calib_list .*calib\.txt line 1 is not UTF-8 text", id="not_text"),
     pytest.param(
         _missing_image,
         r"calibration list .*train_list\.txt line 2: image .*train_0001\.png does not exist",

@@ -24,9 +24,10 @@ from analysis.cli._plan import PLAN_COMMANDS, format_plan, run_plan_step, wants_
 from analysis.config import Config, describe, load_config
 from analysis.engine.loss import format_metrics
 from analysis.engine.run import AnalysisOutcome, derive_ratios
-from analysis.errors import ConfigError, UserError
+from analysis.errors import ConfigError, UserCodeError, UserError
 from analysis.inputs._job import build_inputs, needs_calibration
 from analysis.inputs.device import resolve_device
+from analysis.io._lock import check_unlocked
 from analysis.io.results import sidecar_path
 from analysis.planning.ratios import explain_target_loss
 from analysis.reporting._summary import format_table
@@ -115,9 +116,11 @@ def job_main(argv: Sequence[str]) -> int:
             raise ConfigError("--shard splits work by hand; under torchrun the ranks split it: drop --shard.")
         return torchrun_job(config, args, rank)
     logger.info(describe(config))
+    analysis_file = config.SensitivityAnalysis.analysis_file
+    assert analysis_file is not None
+    check_unlocked(shard.path(analysis_file) if shard else analysis_file)  # before the model and data are loaded
     if shard is None:
-        assert config.SensitivityAnalysis.analysis_file is not None
-        fold_local_shards(config.SensitivityAnalysis.analysis_file, discard=args.overwrite)
+        fold_local_shards(analysis_file, discard=args.overwrite)
     progress = False if args.quiet else None
     inputs = build_inputs(config, progress, calibration=needs_calibration(config))
     outcome = run_job(config, overwrite=args.overwrite, progress=progress, shard=shard, inputs=inputs)
@@ -195,6 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return command(argv[1:]) if command else job_main(argv)
     except UserError as error:
+        if isinstance(error, UserCodeError):
+            print(error.user_traceback, end="", file=sys.stderr)
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt as interrupt:

@@ -12,6 +12,7 @@ reference scripts use for its pretrained weights, and uint8 batches keep host-to
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import logging
 import os
@@ -126,14 +127,19 @@ def read_sample_list(root: Path, list_path: Path, key: str = "Global.val_list") 
         DataError: If the file cannot be read as UTF-8 text or a line is malformed (naming the file and line).
     """
     try:
-        lines = list_path.read_text(encoding="utf-8").split("\n")
-    except UnicodeDecodeError as error:
-        raise DataError(
-            f"{key} {list_path} is not UTF-8 text (byte offset {error.start}); "
-            "it must hold '<relative/path> <integer label>' lines."
-        ) from None
+        raw = list_path.read_bytes()
     except OSError as error:
         raise DataError(f"{key} {list_path} cannot be read ({error.strerror or error}); check the file.") from None
+    body = raw.removeprefix(codecs.BOM_UTF8)  # a byte-order mark some editors write is not part of the first path
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line_number = body[: error.start].count(b"\n") + 1
+        raise DataError(
+            f"{key} {list_path} line {line_number} is not UTF-8 text (byte {body[error.start]:#04x}); save it as UTF-8 "
+            "with '<relative/path> <integer label>' lines."
+        ) from None
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # universal newlines, as read_text
     samples = []
     for number, line in enumerate(lines, start=1):
         text = line.strip()

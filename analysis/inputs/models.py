@@ -22,6 +22,7 @@ import inspect
 import logging
 import pickle
 import sys
+import traceback
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -33,7 +34,7 @@ import torchvision
 from torch import nn
 
 from analysis.config import GlobalConfig
-from analysis.errors import ModelError, did_you_mean, first_line
+from analysis.errors import ModelError, UserCodeError, did_you_mean, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +116,14 @@ def create_architecture(arch: str, kwargs: Mapping[str, Any], weights: str | Non
     try:
         model = factory(**kwargs)
     except TypeError as error:
-        raise ModelError(f"Global.arch_kwargs do not fit {label}: {error}.") from None
+        binding = error.__traceback__ is not None and error.__traceback__.tb_next is None  # raised at our call
+        if binding or ":" not in arch:  # torchvision passes arch_kwargs on to the model class
+            raise ModelError(f"Global.arch_kwargs do not fit {label}: {error}.") from None
+        raise _user_code_error(f"Global.arch {label} raised", error) from None
+    except Exception as error:
+        if ":" not in arch:
+            raise
+        raise _user_code_error(f"Global.arch {label} raised", error) from None
     if not isinstance(model, nn.Module):
         raise ModelError(f"Global.arch {arch} returned {type(model).__name__}, not a torch.nn.Module.")
     return model
@@ -170,10 +178,23 @@ def _import_file(path: Path) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[name]
+        raise _user_code_error(f"Global.arch: importing {path} raised", error) from None
     except BaseException:
         del sys.modules[name]
         raise
     return module
+
+
+def _user_code_error(what: str, error: Exception) -> UserCodeError:
+    """A one-sentence error for an exception raised by the user's model code, keeping their traceback (without
+    this module's frame) for the CLI to show."""
+    frames = traceback.extract_tb(error.__traceback__)[1:]  # the first frame is our call into their code
+    shown = "".join(["Traceback (most recent call last):\n", *traceback.format_list(frames),
+                     *traceback.format_exception_only(type(error), error)])  # fmt: skip
+    return UserCodeError(f"{what} {type(error).__name__}: {first_line(error)} (traceback above); fix the model code.",
+                         shown)  # fmt: skip
 
 
 def read_checkpoint(path: Path) -> Any:

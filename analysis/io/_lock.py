@@ -48,6 +48,27 @@ def exclusive(analysis_file: str | os.PathLike[str]) -> Iterator[Path]:
                 lock.unlink()
 
 
+def check_unlocked(analysis_file: str | os.PathLike[str]) -> None:
+    """Refuse early, before loading a model and data, when a live process holds the lock of ``analysis_file`` (the
+    lock itself is taken later, by :func:`exclusive`, which checks again).
+
+    Raises:
+        AnalysisFileError: Another live process (or a process on another host) holds the lock.
+    """
+    lock = lock_path(analysis_file)
+    holder = _read(lock)
+    if holder is not None and _alive(holder):
+        _refuse(lock, holder)
+
+
+def _refuse(lock: Path, holder: dict[str, Any]) -> None:
+    raise AnalysisFileError(
+        f"Analysis file {lock.with_suffix('')} is being written by process {holder.get('pid')} on "
+        f"{holder.get('host')} (lock file {lock}); wait for it to finish, use another analysis_file, or "
+        "delete the lock file if that process is gone."
+    )
+
+
 def _acquire(lock: Path, owner: dict[str, Any]) -> None:
     for _ in range(3):  # a stale lock removed concurrently by another starter is retried
         if _create(lock, owner):
@@ -56,11 +77,7 @@ def _acquire(lock: Path, owner: dict[str, Any]) -> None:
         if holder is None:
             continue  # vanished (or was half-written by a crash) between our attempts: try again
         if _alive(holder):
-            raise AnalysisFileError(
-                f"Analysis file {lock.with_suffix('')} is being written by process {holder.get('pid')} on "
-                f"{holder.get('host')} (lock file {lock}); wait for it to finish, use another analysis_file, or "
-                "delete the lock file if that process is gone."
-            )
+            _refuse(lock, holder)
         logger.warning("Removing the stale lock %s of process %s, which is no longer running.", lock, holder.get("pid"))
         with contextlib.suppress(FileNotFoundError):
             lock.unlink()
