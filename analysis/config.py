@@ -364,11 +364,30 @@ def _short(value: Any) -> str:
     return str(value)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no type information
+    """PyYAML's safe loader, refusing a key written twice in one mapping (plain PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_lines: dict[str, int] = {}
+        for key_node, _ in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str) and key in first_lines:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"key '{key}' on line {line} repeats the key on line {first_lines[key]}", key_node.start_mark,
+                )  # fmt: skip
+            if isinstance(key, str):
+                first_lines[key] = line
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"Config file {path} does not exist; pass an existing YAML file with --config_path.")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except yaml.MarkedYAMLError as error:
         mark, context = error.problem_mark, error.context_mark
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

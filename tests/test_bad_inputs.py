@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from analysis.config import GlobalConfig, normalise_ratios
+from analysis.config import GlobalConfig, load_config, normalise_ratios
 from analysis.errors import ConfigError, DataError
 from analysis.inputs.data import (
     Preprocess,
@@ -308,3 +308,29 @@ def assert_their_error(result: CliResult, pattern: str) -> None:
     assert "arch_kwargs do not fit" not in result.err
     assert 'my_model.py", line' in shown and "/analysis/" not in shown  # their frames, not ours
     assert shown.count("Traceback (most recent call last)") == 1
+
+
+# ---- config files ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        ("Global:\n  arch: resnet18\n  batch_size: 8\n  batch_size: 16\n",
+         r"c\.yaml line 4, column 3: invalid YAML \(key 'batch_size' on line 4 repeats the key on line 3, in the "
+         r"mapping opened on line 2\)"),
+        ("Global:\n  arch: resnet18\nSensitivityAnalysis: {}\nGlobal:\n  arch: resnet50\n",
+         r"c\.yaml line 4, column 1: invalid YAML \(key 'Global' on line 4 repeats the key on line 1"),
+    ],
+)  # fmt: skip
+def test_a_key_written_twice_names_both_lines(cli: Cli, tmp_path: Path, text: str, pattern: str) -> None:
+    (tmp_path / "c.yaml").write_text(text)
+    assert_user_error(cli("--config_path", tmp_path / "c.yaml"), pattern)
+
+
+def test_anchors_and_merge_keys_still_load(tmp_path: Path, list_data: Path) -> None:
+    block = "\n".join(f"  {k}: {v}" for k, v in tiny_global(list_data).items() if k != "arch_kwargs")
+    text = f"base: &base\n{block}\nGlobal:\n  <<: *base\n  batch_size: 4\n  arch_kwargs: {{num_classes: 10}}\n"
+    (tmp_path / "c.yaml").write_text(text + "SensitivityAnalysis:\n  analysis_file: out/s.pkl\n")
+    config = load_config(tmp_path / "c.yaml")
+    assert config.Global.batch_size == 4 and config.Global.img_size == 16
