@@ -7,6 +7,7 @@ and keeps its traceback.
 from __future__ import annotations
 
 import difflib
+import errno
 from collections.abc import Iterable
 
 
@@ -37,6 +38,20 @@ class UserCodeError(ModelError):
     def __init__(self, message: str, user_traceback: str) -> None:
         super().__init__(message)
         self.user_traceback = user_traceback
+
+
+class OutputError(UserError):
+    """A result cannot be written: a path component that is a file, no permission, a full disk, a read-only folder."""
+
+
+def output_error(path: object, error: OSError) -> OutputError:
+    """The one-sentence :class:`OutputError` for an ``OSError`` raised while writing ``path``."""
+    code = errno.errorcode.get(error.errno or 0, "")
+    reason = f"{error.strerror or error}" + (f" [{code}]" if code else "")
+    return OutputError(
+        f"Cannot write {path}: {reason}; choose a writable location with free space (files written before are "
+        "kept, a rerun resumes)."
+    )
 
 
 class AnalysisFileError(UserError):

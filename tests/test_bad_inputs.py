@@ -4,6 +4,7 @@ that round to 0 or 1. Each must now give the right numbers, or exit 2 naming the
 from __future__ import annotations
 
 import codecs
+import errno
 import os
 import re
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from analysis.inputs.data import (
     scan_image_folder,
 )
 from analysis.io._lock import exclusive
+from analysis.io.results import load_sensitivities
 
 from helpers import CliResult, assert_user_error, tiny_global, write_config, write_images
 
@@ -334,3 +336,45 @@ def test_anchors_and_merge_keys_still_load(tmp_path: Path, list_data: Path) -> N
     (tmp_path / "c.yaml").write_text(text + "SensitivityAnalysis:\n  analysis_file: out/s.pkl\n")
     config = load_config(tmp_path / "c.yaml")
     assert config.Global.batch_size == 4 and config.Global.img_size == 16
+
+
+# ---- failures to write -----------------------------------------------------------------------------------------------
+
+
+def plain_config(tmp_path: Path, data: Path, analysis_file: str) -> Path:
+    return write_config(tmp_path / "c.yaml", {"Global": tiny_global(data),
+                                              "SensitivityAnalysis": {"analysis_file": analysis_file}})  # fmt: skip
+
+
+def test_a_path_component_that_is_a_file_names_the_path_and_reason(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    (tmp_path / "taken").write_text("a file, not a folder")
+    result = cli("--config_path", plain_config(tmp_path, list_data, str(tmp_path / "taken" / "s.pkl")))
+    assert_user_error(result, r"Cannot write .*taken: .*(File exists|Not a directory).*; choose a writable location")
+
+
+def test_a_full_disk_mid_run_keeps_the_finished_results(
+    cli: Cli, tmp_path: Path, list_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills up after some units are saved: exit 2 naming the file and the reason; what was saved stays
+    loadable and a rerun (with space again) resumes to the same file as an uninterrupted run."""
+    config = plain_config(tmp_path, list_data, "out/s.pkl")
+    assert cli("--config_path", config, "--no_report", "--analysis_file", "full/s.pkl").code == 0
+    expected = (tmp_path / "full" / "s.pkl").read_bytes()
+    real_fsync, calls = os.fsync, []
+
+    def fsync_until_full(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) > 6:  # a few saves succeed, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    with monkeypatch.context() as patched:  # (monkeypatch.undo() would also undo the fixture's chdir)
+        patched.setattr(os, "fsync", fsync_until_full)
+        result = cli("--config_path", config, "--no_report")
+    assert_user_error(
+        result, r"Cannot write .*s\.pkl.*: No space left on device \[ENOSPC\]; choose a writable location"
+    )
+    partial = load_sensitivities(tmp_path / "out" / "s.pkl")
+    assert 0 < sum(map(len, partial.values())) < sum(map(len, load_sensitivities(tmp_path / "full" / "s.pkl").values()))
+    assert cli("--config_path", config, "--no_report").code == 0
+    assert (tmp_path / "out" / "s.pkl").read_bytes() == expected

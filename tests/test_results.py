@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.errors import AnalysisFileError
+from analysis.errors import AnalysisFileError, OutputError
 from analysis.io import results
 from analysis.io.atomic import atomic_write_bytes, atomic_write_text
 from analysis.io.results import (
@@ -302,7 +302,7 @@ def test_failed_write_keeps_the_previous_file_and_removes_the_temp_file(
         raise OSError("disk full")
 
     monkeypatch.setattr(results.os, failing, boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OutputError, match=r"Cannot write .*s\.pkl: disk full; choose a writable location"):
         save_sensitivities(path, {"w": {0.1: 0.9}, "x": {0.5: 0.5}})
     monkeypatch.undo()
     assert path.read_bytes() == before

@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from analysis.errors import AnalysisFileError
+from analysis.errors import AnalysisFileError, output_error
+from analysis.io.atomic import writable_folder
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +38,12 @@ def exclusive(analysis_file: str | os.PathLike[str]) -> Iterator[Path]:
         AnalysisFileError: Another live process (or a process on another host) holds the lock.
     """
     lock = lock_path(analysis_file)
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    writable_folder(lock.parent)
     owner = _owner_record()
-    _acquire(lock, owner)
+    try:
+        _acquire(lock, owner)
+    except OSError as error:
+        raise output_error(lock, error) from None
     try:
         yield lock
     finally:

@@ -10,6 +10,8 @@ import os
 import uuid
 from pathlib import Path
 
+from analysis.errors import output_error
+
 logger = logging.getLogger(__name__)
 
 
@@ -19,21 +21,29 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     The bytes go to a uniquely named temporary file in the same directory, which is flushed and fsynced, renamed
     over the target with ``os.replace`` and made durable by fsyncing the directory. Parent directories are
     created. If anything fails the temporary file is removed and the previous file is left untouched.
+
+    Raises:
+        OutputError: If the file cannot be written (the path and the operating system's reason are named).
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    writable_folder(target.parent)
     temp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-    # os.open applies the umask like a plain open() would; O_EXCL guarantees the name is ours alone.
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        # os.open applies the umask like a plain open() would; O_EXCL guarantees the name is ours alone.
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    except OSError as error:
+        raise output_error(target, error) from None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, target)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(OSError):
             os.unlink(temp)
+        if isinstance(error, OSError):
+            raise output_error(target, error) from None
         raise
     _fsync_directory(target.parent)
 
@@ -48,6 +58,20 @@ def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[Path]:
         with contextlib.suppress(OSError):
             temp.unlink()
     return stale
+
+
+def writable_folder(folder: str | os.PathLike[str]) -> Path:
+    """Create ``folder`` (and its parents) if needed and return it.
+
+    Raises:
+        OutputError: If it cannot be created (a path component is a file, no permission, read-only filesystem).
+    """
+    path = Path(folder)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise output_error(path, error) from None
+    return path
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -21,7 +21,7 @@ from torch import nn
 
 from analysis.errors import ModelError
 from analysis.inputs.device import model_device
-from analysis.io.atomic import atomic_write_bytes, atomic_write_text
+from analysis.io.atomic import atomic_write_bytes, atomic_write_text, writable_folder
 
 MODEL_FILE = "pruned_model.pt"
 STATE_DICT_FILE = "pruned_state_dict.pt"
@@ -54,8 +54,7 @@ def export_pruned(
 ) -> dict[str, Path]:
     """Write the three files of ``pruned`` to ``export_dir`` (atomically); the JSON lists the layers whose shape
     differs from ``dense`` and carries ``extra`` (e.g. the plan). Returns the paths by kind."""
-    directory = Path(export_dir)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = writable_folder(export_dir)
     before, after = layer_shapes(dense), layer_shapes(pruned)
     changed = {name: shape for name, shape in after.items() if before.get(name) != shape}
     description = {"format": FORMAT_VERSION, "changed_layers": changed, **(extra or {})}
