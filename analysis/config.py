@@ -468,14 +468,27 @@ def _parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
                 f"Override '{item}' names unknown section '{parts[0]}'{did_you_mean(parts[0], SECTIONS)}; "
                 f"use one of {', '.join(SECTIONS)}."
             )
+        if _has_tag(item.partition("=")[2]):
+            raise ConfigError(
+                f"Override '{item}' carries a YAML tag (!...); write the plain value, as in Global.seed=3."
+            )
         try:
             layer = OmegaConf.to_container(OmegaConf.from_dotlist([item]))
-        except OmegaConfBaseException as error:
-            raise ConfigError(f"Override '{item}' could not be parsed ({first_line(str(error))}).") from None
+        except (OmegaConfBaseException, yaml.YAMLError) as error:
+            problem = getattr(error, "problem", None) or first_line(str(error))
+            raise ConfigError(f"Override '{item}' could not be parsed ({problem}); check its YAML value.") from None
         assert isinstance(layer, dict)
         section = _check_section(parts[0], layer[parts[0]])
         _deep_update(nested.setdefault(parts[0], {}), section)
     return nested
+
+
+def _has_tag(value: str) -> bool:
+    """Whether a YAML value carries an explicit tag (``!!binary``, ``!!python/...``): overrides are plain values."""
+    try:
+        return any(isinstance(token, yaml.TagToken) for token in yaml.scan(value, Loader=yaml.SafeLoader))
+    except yaml.YAMLError:
+        return False  # malformed: reported by the parser with its own reason
 
 
 def _flags_to_nested(flags: Mapping[str, Any]) -> dict[str, Any]:

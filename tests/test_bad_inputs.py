@@ -378,3 +378,24 @@ def test_a_full_disk_mid_run_keeps_the_finished_results(
     assert 0 < sum(map(len, partial.values())) < sum(map(len, load_sensitivities(tmp_path / "full" / "s.pkl").values()))
     assert cli("--config_path", config, "--no_report").code == 0
     assert (tmp_path / "out" / "s.pkl").read_bytes() == expected
+
+
+@pytest.mark.parametrize(
+    ("override", "pattern"),
+    [
+        (
+            "Global.batch_size=[1,",
+            r"Override 'Global\.batch_size=\[1,' could not be parsed \(did not find expected node",
+        ),
+        ("Global.batch_size={a: 1", r"could not be parsed \(did not find expected ',' or '}'\)"),
+        ("Global.batch_size=!!python/object:os.system ls", r"carries a YAML tag \(!\.\.\.\); write the plain value"),
+        ("Global.mean=!!binary aGVsbG8=", r"Override 'Global\.mean=!!binary aGVsbG8=' carries a YAML tag"),
+        ("Global.mean=[0.4, !!str 0.4, 0.4]", r"carries a YAML tag"),
+        ("Global.seed=!!float 3", r"Override 'Global\.seed=!!float 3' carries a YAML tag"),
+    ],
+)
+def test_a_malformed_or_tagged_override_names_it(
+    cli: Cli, tmp_path: Path, list_data: Path, override: str, pattern: str
+) -> None:
+    assert_user_error(cli("--config_path", plain_config(tmp_path, list_data, "out/s.pkl"), override), pattern)
+    assert not (tmp_path / "out").exists()
