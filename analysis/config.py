@@ -26,6 +26,13 @@ from analysis.errors import ConfigError, did_you_mean, first_line
 
 logger = logging.getLogger(__name__)
 
+# A config holds hundreds of values; aliases that expand past this are a mistake or an attack ("billion laughs").
+MAX_YAML_NODES = 100_000
+_IN_PROGRESS = -1
+# Images with more pixels are refused unless Global.max_image_pixels allows them: Pillow's own refusal threshold (twice
+# its MAX_IMAGE_PIXELS), which guards against decompression bombs (a small file that decodes to gigabytes).
+DEFAULT_MAX_IMAGE_PIXELS = 178_956_970
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INTERPOLATIONS = ("bilinear", "bicubic", "lanczos")
@@ -89,6 +96,7 @@ class GlobalConfig:
     calib_samples: int = 1024
     calib_resize_size: int | None = None
     calib_img_size: int | None = None
+    max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
 
 
 @dataclass
@@ -215,6 +223,10 @@ def validate(config: Config) -> None:
         )
     if g.max_samples is not None and g.max_samples < 1:
         raise ConfigError(f"Global.max_samples must be a positive integer (or unset for all), got {g.max_samples}.")
+    if g.max_image_pixels is not None and g.max_image_pixels < 1:
+        raise ConfigError(
+            f"Global.max_image_pixels must be a positive number of pixels (null: no limit), got {g.max_image_pixels}."
+        )
     validate_calibration(g)
     if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+|mps", g.device):
         raise ConfigError(f"Global.device must be auto, cpu, cuda or cuda:N, got '{g.device}'.")
@@ -382,6 +394,41 @@ class _UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships n
         mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
         return mapping
 
+    def construct_document(self, node: yaml.Node) -> Any:
+        """Refuse a document whose aliases expand past ``MAX_YAML_NODES`` before anything copies it out."""
+        if _expanded_size(node, {}) > MAX_YAML_NODES:
+            raise yaml.constructor.ConstructorError(
+                None, None,
+                f"its aliases (*name) expand to more than {MAX_YAML_NODES:,} values, the most a config may hold; "
+                "use fewer aliases", node.start_mark,
+            )  # fmt: skip
+        return super().construct_document(node)
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many values ``node`` holds once every alias is copied out, in time linear in the distinct nodes (the graph
+    is walked with memoisation, never expanded); an alias inside its own anchor (&a [*a]) is refused."""
+    if sizes.get(id(node)) == _IN_PROGRESS:
+        raise yaml.constructor.ConstructorError(
+            None, None, "an alias (*name) is used inside its own anchor, which would make the value contain itself",
+            node.start_mark,
+        )  # fmt: skip
+    if id(node) in sizes:
+        return sizes[id(node)]
+    sizes[id(node)] = _IN_PROGRESS
+    children: list[yaml.Node] = []
+    if isinstance(node, yaml.SequenceNode):
+        children = list(node.value)
+    elif isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    total = 1
+    for child in children:
+        total += _expanded_size(child, sizes)
+        if total > MAX_YAML_NODES:
+            break  # already too large: the exact count is not needed
+    sizes[id(node)] = total
+    return total
+
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
@@ -459,7 +506,7 @@ def _parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     """Turn ``Section.key=value`` strings into nested dicts, checking sections and keys."""
     nested: dict[str, dict[str, Any]] = {}
     for item in overrides:
-        dotted, sep, _ = item.partition("=")
+        dotted, sep, value = item.partition("=")
         parts = dotted.split(".")
         if not sep or len(parts) < 2 or not all(parts):
             raise ConfigError(f"Override '{item}' must look like Section.key=value, e.g. Global.batch_size=64.")
@@ -468,11 +515,12 @@ def _parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
                 f"Override '{item}' names unknown section '{parts[0]}'{did_you_mean(parts[0], SECTIONS)}; "
                 f"use one of {', '.join(SECTIONS)}."
             )
-        if _has_tag(item.partition("=")[2]):
+        if _has_tag(value):
             raise ConfigError(
                 f"Override '{item}' carries a YAML tag (!...); write the plain value, as in Global.seed=3."
             )
         try:
+            yaml.load(value, Loader=_UniqueKeyLoader)  # the same limits as a config file
             layer = OmegaConf.to_container(OmegaConf.from_dotlist([item]))
         except (OmegaConfBaseException, yaml.YAMLError) as error:
             problem = getattr(error, "problem", None) or first_line(str(error))

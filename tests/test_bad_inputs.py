@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from PIL import Image
 
 from analysis.config import GlobalConfig, load_config, normalise_ratios
@@ -385,9 +386,9 @@ def test_a_full_disk_mid_run_keeps_the_finished_results(
     [
         (
             "Global.batch_size=[1,",
-            r"Override 'Global\.batch_size=\[1,' could not be parsed \(did not find expected node",
+            r"Override 'Global\.batch_size=\[1,' could not be parsed \(expected the node content",
         ),
-        ("Global.batch_size={a: 1", r"could not be parsed \(did not find expected ',' or '}'\)"),
+        ("Global.batch_size={a: 1", r"could not be parsed \(expected ',' or '}'"),
         ("Global.batch_size=!!python/object:os.system ls", r"carries a YAML tag \(!\.\.\.\); write the plain value"),
         ("Global.mean=!!binary aGVsbG8=", r"Override 'Global\.mean=!!binary aGVsbG8=' carries a YAML tag"),
         ("Global.mean=[0.4, !!str 0.4, 0.4]", r"carries a YAML tag"),
@@ -399,3 +400,83 @@ def test_a_malformed_or_tagged_override_names_it(
 ) -> None:
     assert_user_error(cli("--config_path", plain_config(tmp_path, list_data, "out/s.pkl"), override), pattern)
     assert not (tmp_path / "out").exists()
+
+
+# ---- YAML aliases ----------------------------------------------------------------------------------------------------
+
+
+def laughs(levels: int) -> list[str]:
+    """YAML lines of nested aliases ("billion laughs"): ``l{levels}`` expands to 10**(levels+1) values."""
+    lines = ["l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, levels + 1)]
+    return lines
+
+
+def test_aliases_that_expand_past_the_limit_are_refused_before_anything_copies_them(
+    cli: Cli, tmp_path: Path, list_data: Path
+) -> None:
+    """10**6 values from a 1 kB file: refused while loading, naming the file (it used to expand inside OmegaConf)."""
+    block = yaml.safe_dump({"Global": tiny_global(list_data)}, sort_keys=False)
+    text = "\n".join(laughs(5)) + "\n" + block + "SensitivityAnalysis:\n  skip_params: *l5\n"
+    (tmp_path / "c.yaml").write_text(text)
+    result = cli("--config_path", tmp_path / "c.yaml")
+    assert_user_error(result, r"c\.yaml line \d+, column \d+: invalid YAML \(its aliases \(\*name\) expand to more "
+                              r"than 100,000 values, the most a config may hold")  # fmt: skip
+
+
+def test_an_alias_inside_its_own_anchor_is_refused(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    block = yaml.safe_dump({"Global": tiny_global(list_data)}, sort_keys=False)
+    (tmp_path / "c.yaml").write_text(block + "SensitivityAnalysis:\n  skip_params: &a [conv, *a]\n")
+    assert_user_error(cli("--config_path", tmp_path / "c.yaml"), r"c\.yaml line 12, column 16: .*used inside its own")
+
+
+def test_an_override_is_held_to_the_same_alias_limit(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    levels = ["&a [x, x, x, x, x, x, x, x, x, x]"] + [f"&{b} [{', '.join([f'*{a}'] * 10)}]" for a, b in
+                                                       zip("abcd", "bcde", strict=True)]  # fmt: skip
+    override = f"SensitivityAnalysis.skip_params=[{', '.join(levels)}, [{', '.join(['*e'] * 10)}]]"
+    result = cli("--config_path", plain_config(tmp_path, list_data, "out/s.pkl"), override)
+    assert_user_error(result, r"Override 'SensitivityAnalysis\.skip_params=.*could not be parsed \(its aliases")
+    assert not (tmp_path / "out").exists()
+
+
+def test_aliases_within_the_limit_still_expand(tmp_path: Path, list_data: Path) -> None:
+    block = yaml.safe_dump({"Global": tiny_global(list_data)}, sort_keys=False)
+    (tmp_path / "c.yaml").write_text("\n".join(laughs(3)) + "\n" + block.replace("arch_kwargs:", "arch_kwargs:\n  "
+                                     "  widths: *l3"))  # fmt: skip
+    assert str(load_config(tmp_path / "c.yaml").Global.arch_kwargs["widths"]).count("'x'") == 10_000
+
+
+# ---- decompression bombs ---------------------------------------------------------------------------------------------
+
+
+def test_a_decompression_bomb_names_the_file_and_its_list_line(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    """A 22 kB PNG that would decode to 179.6 million pixels (Pillow's own limit is 178,956,970): refused from its
+    header, without decoding, naming the list line and the key that raises the limit."""
+    Image.new("1", (13400, 13400)).save(list_data / "val" / "bomb.png")
+    lines = (list_data / "val_list.txt").read_text().replace("img_0003.png", "bomb.png")
+    (list_data / "val_list.txt").write_text(lines)
+    result = cli("--config_path", plain_config(tmp_path, list_data, "out/s.pkl"))
+    assert_user_error(result, r"val_list\.txt line 4: image .*bomb\.png cannot be decoded \(it has 13400 x 13400 = "
+                              r"179,560,000 pixels, more than the 178,956,970 Global\.max_image_pixels allows .*raise "
+                              r"that key if the image is genuine\)")  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_pixel_limit_is_exact_and_leaves_pillows_own_setting_alone(tmp_path: Path) -> None:
+    Image.new("RGB", (20, 16)).save(tmp_path / "x.png")
+    pillow_limit = Image.MAX_IMAGE_PIXELS
+    assert load_image(str(tmp_path / "x.png"), Preprocess(8, 8, max_image_pixels=320)).shape == (3, 8, 8)
+    with pytest.raises(ValueError, match=r"20 x 16 = 320 pixels, more than the 319 Global\.max_image_pixels"):
+        load_image(str(tmp_path / "x.png"), Preprocess(8, 8, max_image_pixels=319))
+    assert pillow_limit == Image.MAX_IMAGE_PIXELS
+
+
+def test_the_pixel_limit_is_not_part_of_the_data_fingerprint(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    """It changes no pixel: an analysis file made under one limit resumes under another, to the same bytes."""
+    config = plain_config(tmp_path, list_data, "out/s.pkl")
+    assert cli("--config_path", config, "--no_report", "Global.max_image_pixels=320").code == 0
+    before = (tmp_path / "out" / "s.pkl").read_bytes()
+    result = cli("--config_path", config, "--no_report", "Global.max_image_pixels=null")
+    assert result.code == 0, result.err
+    assert (tmp_path / "out" / "s.pkl").read_bytes() == before
+    assert_user_error(cli("--config_path", config, "Global.max_image_pixels=0"), r"Global\.max_image_pixels must be")

@@ -100,7 +100,7 @@ class CalibrationSet:
         """JSON-friendly description for the sidecar: source, path, image count, origin, preprocessing, fingerprint."""
         preprocess = {
             key: list(value) if isinstance(value, tuple) else value
-            for key, value in dataclasses.asdict(self.loader.preprocess).items()
+            for key, value in self.loader.preprocess.identity().items()
         }
         return {
             "source": self.source,

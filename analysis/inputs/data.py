@@ -13,6 +13,7 @@ reference scripts use for its pretrained weights, and uint8 batches keep host-to
 from __future__ import annotations
 
 import codecs
+import contextlib
 import dataclasses
 import logging
 import os
@@ -21,6 +22,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +35,7 @@ from torchvision.transforms.v2 import functional as TF
 from tqdm.auto import tqdm
 
 from analysis._progress import progress_disabled
-from analysis.config import GlobalConfig
+from analysis.config import DEFAULT_MAX_IMAGE_PIXELS, GlobalConfig
 from analysis.errors import DataError
 from analysis.io._fingerprint import json_fingerprint
 
@@ -73,11 +75,22 @@ class Preprocess:
     interpolation: str = "bilinear"
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    max_image_pixels: int | None = dataclasses.field(default=DEFAULT_MAX_IMAGE_PIXELS, compare=False)
+    """Larger images are refused (a decompression-bomb guard; None: no limit). It changes no pixel, so it is not
+    part of :meth:`identity`."""
 
     @classmethod
     def from_config(cls, cfg: GlobalConfig) -> Preprocess:
         """Build from the ``Global`` block."""
-        return cls(cfg.img_size, cfg.resize_size, cfg.interpolation, _rgb(cfg.mean), _rgb(cfg.std))
+        return cls(
+            cfg.img_size, cfg.resize_size, cfg.interpolation, _rgb(cfg.mean), _rgb(cfg.std), cfg.max_image_pixels
+        )
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that decide the pixels a model sees: what fingerprints and sidecars record."""
+        settings = dataclasses.asdict(self)
+        del settings["max_image_pixels"]
+        return settings
 
 
 def _rgb(values: Sequence[float]) -> tuple[float, float, float]:
@@ -285,12 +298,36 @@ def rgb_image(image: Image.Image) -> Image.Image:
 
 
 def load_image(path: str, preprocess: Preprocess) -> torch.Tensor:
-    """Decode one image to a uint8 CHW tensor: RGB (see :func:`rgb_image`), short side resized, center-cropped."""
-    with Image.open(path) as image:
+    """Decode one image to a uint8 CHW tensor: RGB (see :func:`rgb_image`), short side resized, center-cropped.
+
+    Raises:
+        ValueError: For an image with more than ``preprocess.max_image_pixels`` pixels (checked from the header,
+            before decoding), or one :func:`rgb_image` refuses.
+    """
+    with _pillow_pixel_guard_off(), Image.open(path) as image:
+        limit = preprocess.max_image_pixels
+        if limit is not None and image.width * image.height > limit:
+            raise ValueError(
+                f"it has {image.width} x {image.height} = {image.width * image.height:,} pixels, more than the "
+                f"{limit:,} Global.max_image_pixels allows (a decompression-bomb guard); raise that key if the image "
+                "is genuine"
+            )
         rgb = rgb_image(image)
     resized = TF.resize(rgb, [preprocess.resize_size], interpolation=INTERPOLATION_MODES[preprocess.interpolation])
     image_tensor: torch.Tensor = TF.pil_to_tensor(TF.center_crop(resized, [preprocess.img_size]))
     return image_tensor
+
+
+@contextlib.contextmanager
+def _pillow_pixel_guard_off() -> Iterator[None]:
+    """Switch off Pillow's process-wide decompression-bomb check (``Image.MAX_IMAGE_PIXELS``) while opening one image,
+    so that ``Global.max_image_pixels`` alone decides, at its exact value, in every loader process."""
+    saved = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
 
 
 def normalize_batch(images: torch.Tensor, preprocess: Preprocess) -> torch.Tensor:
@@ -481,7 +518,7 @@ class EvalLoader:
         samples = [(s.path, s.label) for s in self.samples]
         root = os.path.commonpath([s.path for s in self.samples]) if self.samples else ""
         relative = [(os.path.relpath(path, root), label) for path, label in samples]
-        return json_fingerprint({"samples": relative, "preprocess": dataclasses.asdict(self.preprocess)})
+        return json_fingerprint({"samples": relative, "preprocess": self.preprocess.identity()})
 
     def check_labels(self, num_outputs: int) -> None:
         """Raise a :class:`DataError` naming the first label that the model's outputs cannot represent."""
