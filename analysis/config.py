@@ -12,6 +12,7 @@ import logging
 import math
 import re
 import textwrap
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from analysis.engine._early_stop import early_stop_from
+from analysis.engine._early_stop import EARLY_STOP_MODES, early_stop_from
 from analysis.errors import ConfigError, did_you_mean, first_line
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,9 @@ _IN_PROGRESS = -1
 # Images with more pixels are refused unless Global.max_image_pixels allows them: Pillow's own refusal threshold (twice
 # its MAX_IMAGE_PIXELS), which guards against decompression bombs (a small file that decodes to gigabytes).
 DEFAULT_MAX_IMAGE_PIXELS = 178_956_970
+# torch keeps a device index in 8 bits (cuda:128 would become cuda:-128) and seeds in 64 bits (signed or not).
+MAX_DEVICE_INDEX = 127
+SEED_RANGE = (-(2**63), 2**64 - 1)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -172,13 +176,19 @@ def config_from_data(
     path = Path(path)
     sections, ignored = _split_blocks(raw, path)
     dotted = _parse_overrides(overrides)
-    flag_layer = _flags_to_nested(flags or {})
+    layers = (sections, dotted, _flags_to_nested(flags or {}))
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(Config), sections, dotted, flag_layer)
+        merged = OmegaConf.merge(OmegaConf.structured(Config), *layers)
         config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
         raise ConfigError(_describe_omegaconf_error(error)) from None
+    except TypeError:  # OmegaConf's "Cannot merge incompatible container types" names no key
+        clash = _describe_container_clash(layers)
+        if clash is None:
+            raise  # not a mapping/list clash: a bug, which keeps its traceback
+        raise ConfigError(clash) from None
     assert isinstance(config, Config)
+    _check_list_items(config)
     config.source = str(path)
     config.ignored_blocks = ignored
     if config.SensitivityAnalysis.analysis_file is None:
@@ -228,14 +238,17 @@ def validate(config: Config) -> None:
             f"Global.max_image_pixels must be a positive number of pixels (null: no limit), got {g.max_image_pixels}."
         )
     validate_calibration(g)
-    if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+|mps", g.device):
-        raise ConfigError(f"Global.device must be auto, cpu, cuda or cuda:N, got '{g.device}'.")
+    device = re.fullmatch(r"auto|cpu|cuda|cuda:(0|[1-9][0-9]{0,2})|mps", g.device)
+    if device is None or int(device.group(1) or 0) > MAX_DEVICE_INDEX:
+        raise ConfigError(f"Global.device must be auto, cpu, cuda or cuda:N, got '{printable(g.device)}'.")
+    if not SEED_RANGE[0] <= g.seed <= SEED_RANGE[1]:
+        raise ConfigError(
+            f"Global.seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]} (what torch.manual_seed takes), "
+            f"got {g.seed}."
+        )
 
     s.pruned_ratios = normalise_ratios(s.pruned_ratios, "SensitivityAnalysis.pruned_ratios")
-    if s.target_loss is not None and not (0.0 <= s.target_loss <= 1.0 and math.isfinite(s.target_loss)):
-        raise ConfigError(
-            f"SensitivityAnalysis.target_loss must be a relative loss between 0 and 1 (0.01 = 1%), got {s.target_loss}."
-        )
+    check_target_loss(s.target_loss, "SensitivityAnalysis.target_loss")
     check_choice("SensitivityAnalysis.criterion", s.criterion, CRITERIA)
     choices = (
         ("metric", METRICS),
@@ -251,6 +264,8 @@ def validate(config: Config) -> None:
             raise ConfigError(f"SensitivityAnalysis.precision must be between 0 and 1 (e.g. 0.002), got {s.precision}.")
         if s.engine != "fast":
             raise ConfigError("SensitivityAnalysis.precision needs SensitivityAnalysis.engine: fast.")
+    if s.early_stop_mode is not None:
+        check_choice("SensitivityAnalysis.early_stop_mode", s.early_stop_mode, EARLY_STOP_MODES)
     early_stop_from(s.early_stop_mode, s.early_stop_value, "SensitivityAnalysis.early_stop_mode")
     if s.round_to < 1:
         raise ConfigError(
@@ -286,6 +301,11 @@ def validate_budget(s: SensitivityConfig) -> None:
     for key, value in given.items():
         if not (0.0 < value < 1.0 and math.isfinite(value)):
             raise ConfigError(f"SensitivityAnalysis.{key} must be between 0 and 1 (0.4 = 40% fewer), got {value}.")
+        if value < 10**-RATIO_DECIMALS:  # a budget of 1e-308 overflows the plan's units
+            raise ConfigError(
+                f"SensitivityAnalysis.{key} must be at least {10**-RATIO_DECIMALS:g} (budgets, like ratios, count "
+                f"{RATIO_DECIMALS} decimals), got {value}."
+            )
     check_choice("SensitivityAnalysis.plan_method", s.plan_method, PLAN_METHODS)
     if s.eval_budget is not None and s.eval_budget < 1:
         raise ConfigError(
@@ -327,7 +347,14 @@ def validate_calibration(g: GlobalConfig) -> None:
 def check_choice(key: str, value: str, allowed: Sequence[str]) -> None:
     """Raise a :class:`ConfigError` naming ``key`` when ``value`` is not one of ``allowed`` (with a suggestion)."""
     if value not in allowed:
-        raise ConfigError(f"{key} must be one of {', '.join(allowed)}, got '{value}'{did_you_mean(value, allowed)}.")
+        choices = ", ".join(allowed)
+        raise ConfigError(f"{key} must be one of {choices}, got '{printable(value)}'{did_you_mean(value, allowed)}.")
+
+
+def printable(text: object) -> str:
+    """``text`` with every character that is not printable (line breaks, control and format characters) escaped as
+    in a Python literal, so that a message quoting the user's input stays one line."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(text))
 
 
 def check_granularity(granularity: str, criterion: str, prefix: str = "") -> None:
@@ -368,6 +395,12 @@ def describe(config: Config) -> str:
     return "\n".join(lines)
 
 
+def check_target_loss(value: float | None, key: str) -> None:
+    """Refuse a ``target_loss`` that is not a finite relative loss in [0, 1] (None: unset), naming ``key``."""
+    if value is not None and not (0.0 <= value <= 1.0 and math.isfinite(value)):
+        raise ConfigError(f"{key} must be a relative loss between 0 and 1 (0.01 = 1%), got {value}.")
+
+
 def _short(value: Any) -> str:
     if isinstance(value, list) and len(value) > 6:
         return f"[{', '.join(map(str, value[:3]))}, ... {len(value)} items]"
@@ -387,7 +420,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships n
             if isinstance(key, str) and key in first_lines:
                 raise yaml.constructor.ConstructorError(
                     "while constructing a mapping", node.start_mark,
-                    f"key '{key}' on line {line} repeats the key on line {first_lines[key]}", key_node.start_mark,
+                    f"key '{printable(key)}' on line {line} repeats the key on line {first_lines[key]}",
+                    key_node.start_mark,
                 )  # fmt: skip
             if isinstance(key, str):
                 first_lines[key] = line
@@ -434,7 +468,14 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"Config file {path} does not exist; pass an existing YAML file with --config_path.")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+        text = path.read_text(encoding="utf-8")
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.reader.ReaderError as error:  # a character YAML does not allow; its own message spans two lines
+        line = text.count("\n", 0, error.position) + 1
+        raise ConfigError(
+            f"Config file {path} line {line}: invalid YAML (unacceptable character #x{error.character:04x}: "
+            f"{error.reason}); remove it."
+        ) from None
     except yaml.MarkedYAMLError as error:
         mark, context = error.problem_mark, error.context_mark
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -495,7 +536,7 @@ def _check_section(name: str, block: dict[str, Any]) -> dict[str, Any]:
             continue
         target = GLOBAL_ALIASES.get(key, key) if name == "Global" else key
         if target not in schema_keys:
-            raise ConfigError(f"Unknown key {name}.{key}{did_you_mean(key, schema_keys)}.")
+            raise ConfigError(f"Unknown key {name}.{printable(key)}{did_you_mean(key, schema_keys)}.")
         if target in checked and checked[target] != value:
             raise ConfigError(f"{name}.{key} and {name}.{target} are aliases but set to different values; keep one.")
         checked[target] = value
@@ -508,23 +549,24 @@ def _parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     for item in overrides:
         dotted, sep, value = item.partition("=")
         parts = dotted.split(".")
+        shown = printable(item)
         if not sep or len(parts) < 2 or not all(parts):
-            raise ConfigError(f"Override '{item}' must look like Section.key=value, e.g. Global.batch_size=64.")
+            raise ConfigError(f"Override '{shown}' must look like Section.key=value, e.g. Global.batch_size=64.")
         if parts[0] not in SECTIONS:
             raise ConfigError(
-                f"Override '{item}' names unknown section '{parts[0]}'{did_you_mean(parts[0], SECTIONS)}; "
+                f"Override '{shown}' names unknown section '{printable(parts[0])}'{did_you_mean(parts[0], SECTIONS)}; "
                 f"use one of {', '.join(SECTIONS)}."
             )
         if _has_tag(value):
             raise ConfigError(
-                f"Override '{item}' carries a YAML tag (!...); write the plain value, as in Global.seed=3."
+                f"Override '{shown}' carries a YAML tag (!...); write the plain value, as in Global.seed=3."
             )
         try:
             yaml.load(value, Loader=_UniqueKeyLoader)  # the same limits as a config file
             layer = OmegaConf.to_container(OmegaConf.from_dotlist([item]))
         except (OmegaConfBaseException, yaml.YAMLError) as error:
             problem = getattr(error, "problem", None) or first_line(str(error))
-            raise ConfigError(f"Override '{item}' could not be parsed ({problem}); check its YAML value.") from None
+            raise ConfigError(f"Override '{shown}' could not be parsed ({problem}); check its YAML value.") from None
         assert isinstance(layer, dict)
         section = _check_section(parts[0], layer[parts[0]])
         _deep_update(nested.setdefault(parts[0], {}), section)
@@ -569,17 +611,62 @@ _EXPECTED = {
 }
 
 
+_ITEM_KINDS = {float: "numbers", int: "integers", str: "strings", bool: "true or false values"}
+
+
+def _check_list_items(config: Config) -> None:
+    """Refuse a list or mapping inside a list of scalars: OmegaConf converts a typed list's scalars but lets a
+    container through."""
+    for name, cls in SECTIONS.items():
+        for key, hint in typing.get_type_hints(cls).items():
+            value = getattr(getattr(config, name), key)
+            lists = [arg for arg in (hint, *typing.get_args(hint)) if typing.get_origin(arg) is list]
+            if lists and isinstance(value, list) and any(isinstance(item, (list, dict)) for item in value):
+                kind = _ITEM_KINDS.get(typing.get_args(lists[0])[0], "plain values")
+                raise ConfigError(f"{name}.{key} must be a list of {kind}, got {value!r}.")
+
+
+def _describe_container_clash(layers: Sequence[Mapping[str, Mapping[str, Any]]]) -> str | None:
+    """Name the key OmegaConf could not merge because a mapping meets a list (its TypeError names none), found by
+    merging one key at a time; ``None`` when no key alone fails."""
+    schema = OmegaConf.structured(Config)
+    keys = dict.fromkeys((section, key) for layer in layers for section, block in layer.items() for key in block)
+    for section, key in keys:
+        values = [layer[section][key] for layer in layers if key in layer.get(section, {})]
+        for value in values:
+            if _merge_clashes(schema, {section: {key: value}}):
+                expected = "a list (e.g. [a, b])" if isinstance(value, Mapping) else "a mapping (key: value)"
+                return f"{section}.{key} must be {expected}, got {value!r}."
+        if _merge_clashes(schema, *({section: {key: value}} for value in values)):
+            return (
+                f"{section}.{key} holds a value that is a mapping in one place and a list in another (config file, "
+                "overrides, flags); write it the same way everywhere."
+            )
+    return None
+
+
+def _merge_clashes(*layers: Any) -> bool:
+    """Whether merging ``layers`` fails on a mapping meeting a list."""
+    try:
+        OmegaConf.merge(*layers)
+    except TypeError:
+        return True
+    except OmegaConfBaseException:
+        return False
+    return False
+
+
 def _describe_omegaconf_error(error: OmegaConfBaseException) -> str:
     """Turn an OmegaConf validation error into one sentence that names the full key."""
-    key = getattr(error, "full_key", None) or "config"
+    key = printable(getattr(error, "full_key", None) or "config")
     value = getattr(error, "value", None)
     message = first_line(getattr(error, "msg", None) or str(error))
-    match = re.search(r"converted to (\w+)|field of type '(\w+)'", message)
+    match = re.search(r"converted to (\w+)|field of type '(\w+)'|is not a valid (\w+)", message)
     if match:
-        expected = _EXPECTED.get(match.group(1) or match.group(2), match.group(1) or match.group(2))
-        return f"{key} must be {expected}, got {value!r}."
+        kind = match.group(1) or match.group(2) or match.group(3)
+        return f"{key} must be {_EXPECTED.get(kind, kind)}, got {value!r}."
     if "is not a ListConfig" in message or "not a list" in message.lower():
         return f"{key} must be a list (e.g. [a, b]), got {value!r}."
     if "is not a DictConfig" in message or "not a dict" in message.lower():
         return f"{key} must be a mapping (key: value), got {value!r}."
-    return f"{key}: {message}."
+    return f"{key}: {printable(message)}."

@@ -4,10 +4,14 @@ that round to 0 or 1. Each must now give the right numbers, or exit 2 naming the
 from __future__ import annotations
 
 import codecs
+import csv
 import errno
+import json
 import os
+import pickle
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +50,7 @@ def expected_rgb(values: np.ndarray) -> torch.Tensor:
     return high.expand(3, *high.shape)
 
 
-# ---- image modes ---------------------------------------------------------------------------------------------------
+# ---- image modes -----------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("mode", "suffix"), [("I;16", ".png"), ("I;16", ".tif"), ("I;16B", ".tif")])
@@ -116,7 +120,7 @@ def test_an_unusable_image_mode_exits_2_naming_the_file(cli: Cli, tmp_path: Path
     assert not (tmp_path / "out").exists()
 
 
-# ---- ImageFolder links ---------------------------------------------------------------------------------------------
+# ---- ImageFolder links -----------------------------------------------------------------------------------------------
 
 
 def folder_data(tmp_path: Path) -> Path:
@@ -170,7 +174,7 @@ def test_a_link_loop_exits_2_and_leaves_the_analysis_file_alone(cli: Cli, tmp_pa
     assert (tmp_path / "out" / "s.pkl").read_bytes() == before
 
 
-# ---- ratios that round to 0 or 1 ------------------------------------------------------------------------------------
+# ---- ratios that round to 0 or 1 -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("ratio", "rounded"), [(1e-7, "0.0"), (0.9999999, "1.0")])
@@ -191,7 +195,7 @@ def test_a_ratio_that_rounds_away_exits_2_naming_the_key(cli: Cli, tmp_path: Pat
     assert not (tmp_path / "out").exists()
 
 
-# ---- list files: encodings -----------------------------------------------------------------------------------------
+# ---- list files: encodings -------------------------------------------------------------------------------------------
 
 
 def test_a_byte_order_mark_is_not_part_of_the_first_path(tmp_path: Path, list_data: Path) -> None:
@@ -211,7 +215,7 @@ def test_a_byte_that_is_not_utf8_names_the_file_and_line(cli: Cli, tmp_path: Pat
     assert not (tmp_path / "out").exists()
 
 
-# ---- non-finite numbers --------------------------------------------------------------------------------------------
+# ---- non-finite numbers ----------------------------------------------------------------------------------------------
 
 NON_FINITE = {
     "Global.cache_max_gb=.nan": r"Global\.cache_max_gb must be a positive number of GB .*got nan",
@@ -237,7 +241,7 @@ def test_non_finite_numbers_are_refused_before_any_work(
     assert "Baseline" not in result.err and not (tmp_path / "out").exists()
 
 
-# ---- locked analysis files -----------------------------------------------------------------------------------------
+# ---- locked analysis files -------------------------------------------------------------------------------------------
 
 
 def test_a_locked_analysis_file_is_refused_before_the_model_and_data_load(cli: Cli, tmp_path: Path) -> None:
@@ -480,3 +484,176 @@ def test_the_pixel_limit_is_not_part_of_the_data_fingerprint(cli: Cli, tmp_path:
     assert result.code == 0, result.err
     assert (tmp_path / "out" / "s.pkl").read_bytes() == before
     assert_user_error(cli("--config_path", config, "Global.max_image_pixels=0"), r"Global\.max_image_pixels must be")
+
+
+# ---- sidecars with the wrong structure, in every command -------------------------------------------------------------
+
+WRONG_SIDECARS = {
+    "params is a list": (lambda d: d.update(params=[]), r"params should be an object, not \[\]"),
+    "a metric is text": (
+        lambda d: next(iter(d["params"].values()))["variants"]["0.5"].update(top1="high"),
+        r'params\["0\.weight"\]\.variants\["0\.5"\]\.top1 should be a number, not "high"',
+    ),
+    "the baseline is a number": (lambda d: d.update(baseline=5), r"baseline should be an object, not 5"),
+}
+
+
+def analysed(cli: Cli, tmp_path: Path, data: Path) -> tuple[Path, Path]:
+    """A finished analysis of the tiny CNN at ratio 0.5 (no report): its config and analysis file."""
+    config = write_config(tmp_path / "c.yaml", {"Global": tiny_global(data), "SensitivityAnalysis": {
+        "analysis_file": str(tmp_path / "out" / "s.pkl"), "pruned_ratios": [0.5]}})  # fmt: skip
+    assert cli("--config_path", config, "--no_report").code == 0
+    return config, tmp_path / "out" / "s.pkl"
+
+
+@pytest.mark.parametrize("command", ["run", "report", "merge", "plan", "verify"])
+@pytest.mark.parametrize("damage", list(WRONG_SIDECARS))
+def test_a_sidecar_with_the_wrong_structure_exits_2_naming_file_and_key(
+    cli: Cli, tmp_path: Path, list_data: Path, command: str, damage: str
+) -> None:
+    config, analysis_file = analysed(cli, tmp_path, list_data)
+    sidecar = Path(f"{analysis_file}.json")
+    data = json.loads(sidecar.read_text())
+    change, key = WRONG_SIDECARS[damage]
+    change(data)
+    sidecar.write_text(json.dumps(data))
+    (tmp_path / "r.yaml").write_text("ChannelPrune:\n  prune_params_name: [0.weight]\n  pruned_ratio: [0.5]\n")
+    arguments = {
+        "run": ["--config_path", config, "--pruned_ratios", "0.3", "0.5"],
+        "report": ["report", analysis_file],
+        "merge": ["merge", tmp_path / "merged.pkl", analysis_file],
+        "plan": ["plan", "--config_path", config, "--target_macs_reduction", "0.2"],
+        "verify": ["verify", analysis_file, "--ratios", tmp_path / "r.yaml", "--config_path", config],
+    }[command]
+    before = {path: path.read_bytes() for path in analysis_file.parent.iterdir()}
+    assert_user_error(cli(*arguments), rf"Sidecar file .*s\.pkl\.json has the wrong structure: {key}")
+    assert {path: path.read_bytes() for path in analysis_file.parent.iterdir()} == before
+    assert not (tmp_path / "merged.pkl").exists()
+
+
+# ---- run.py report ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arguments", "pattern"),
+    [
+        (["--target_loss", "nan"], r"--target_loss must be a relative loss between 0 and 1 .*got nan"),
+        (["--target_loss", "inf"], r"--target_loss must be a relative loss between 0 and 1 .*got inf"),
+        (["--target_loss", "-0.1"], r"--target_loss must be a relative loss between 0 and 1 .*got -0\.1"),
+        (["--target_loss", "1.5"], r"--target_loss must be a relative loss between 0 and 1 .*got 1\.5"),
+        (["--ratio", "0.3"], r"Ratio 0\.3 was not analysed in .*s\.pkl; choose one of 0\.5"),
+        (["--ratio", "nan"], r"Ratio nan was not analysed in .*s\.pkl; choose one of 0\.5"),
+        (["--out_dir", "taken/sub"], r"Cannot write .*taken.*(File exists|Not a directory)"),
+    ],
+)
+def test_report_checks_every_argument_before_writing_anything(
+    cli: Cli, tmp_path: Path, list_data: Path, arguments: list[str], pattern: str
+) -> None:
+    _, analysis_file = analysed(cli, tmp_path, list_data)
+    (tmp_path / "taken").write_text("a file, not a folder")
+    before = sorted(analysis_file.parent.iterdir())
+    assert_user_error(cli("report", analysis_file, *arguments), pattern)
+    assert sorted(analysis_file.parent.iterdir()) == before
+
+
+def test_report_of_a_pickle_without_sidecar_writes_what_the_pickle_supports(
+    cli: Cli, tmp_path: Path, list_data: Path
+) -> None:
+    _, analysis_file = analysed(cli, tmp_path, list_data)
+    Path(f"{analysis_file}.json").unlink()
+    result = cli("report", analysis_file)
+    assert result.code == 0, result.err
+    assert "has no sidecar s.pkl.json: the wide CSV (metric values) is skipped" in result.err
+    written = {Path(line).name for line in result.out.split()}
+    assert written == {"s.long.csv", "s.curves.png", "s.heatmap.png", "s.savings.png", "s.report.html"}
+    losses = load_sensitivities(analysis_file)
+    rows = list(csv.DictReader((analysis_file.parent / "s.long.csv").open()))
+    measured = {(row["parameter"], float(row["sparsity"])): float(row["relative_loss"]) for row in rows[1::2]}
+    assert measured == {(name, ratio): loss for name, curve in losses.items() for ratio, loss in curve.items()}
+    assert not (analysis_file.parent / "s.wide.csv").exists()
+
+
+# ---- the README's promises, against an existing analysis file --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Promise:
+    """One bad input: ``damage`` changes a file of a finished analysis (tmp_path holds c.yaml, data/ and out/s.pkl)
+    before the run with ``arguments`` (after ``--config_path c.yaml`` unless they name another); ``error`` is the
+    pattern its one error line must match."""
+
+    arguments: list[str]
+    error: str
+    damage: Callable[[Path], object] = lambda root: None
+
+
+def relist(old: str, new: str) -> Callable[[Path], object]:
+    """A damage that replaces ``old`` by ``new`` in the evaluation list."""
+    return lambda root: (root / "data" / "val_list.txt").write_text(
+        (root / "data" / "val_list.txt").read_text().replace(old, new, 1)
+    )
+
+
+def write(relative: str, content: bytes) -> Callable[[Path], object]:
+    """A damage that writes ``content`` to ``tmp_path/relative``."""
+    return lambda root: (root / relative).write_bytes(content)
+
+
+def drop_last_image(root: Path) -> None:
+    (root / "data" / "val" / "img_0019.png").unlink()
+    relist("val/img_0019.png 9\n", "")(root)
+
+
+PROMISES = {
+    "unknown key": Promise(["Global.batch_sise=4"], r"Unknown key Global\.batch_sise \(did you mean 'batch_size'"),
+    "missing config": Promise(["--config_path", "nope.yaml"], r"Config file nope\.yaml does not exist"),
+    "empty config": Promise([], r"Config file .*c\.yaml is empty", write("c.yaml", b"")),
+    "no Global block": Promise([], r"c\.yaml has no Global block", write("c.yaml", b"SensitivityAnalysis: {}\n")),
+    "invalid YAML": Promise([], r"c\.yaml line 2, column 1: invalid YAML", write("c.yaml", b"Global: [\n")),
+    "missing data_dir": Promise(["Global.data_dir=gone"], r"Global\.data_dir gone does not exist"),
+    "missing image": Promise([], r"val_list\.txt line 6: image .*img_0005\.png does not exist",
+                             lambda root: (root / "data" / "val" / "img_0005.png").unlink()),
+    "undecodable image": Promise([], r"val_list\.txt line 6: image .*img_0005\.png cannot be decoded",
+                                 write("data/val/img_0005.png", b"not a png")),
+    "label too large": Promise([], r"val_list\.txt line 3: label 12 is outside the model's 10 classes",
+                               relist("img_0002.png 2", "img_0002.png 12")),
+    "label not a number": Promise([], r"val_list\.txt line 3: label 'x' is not an integer",
+                                  relist("img_0002.png 2", "img_0002.png x")),
+    "other weights": Promise(["Global.seed=1"], r"s\.pkl was computed with another model \(its weights differ\)"),
+    "other data": Promise([], r"s\.pkl was computed with other data or preprocessing; use a new", drop_last_image),
+    "other criterion": Promise(["SensitivityAnalysis.criterion=l2_norm"],
+                               r"s\.pkl was computed with criterion 'l1_norm' \(this run uses 'l2_norm'\)"),
+    "other metric": Promise(["SensitivityAnalysis.metric=top5"],
+                            r"s\.pkl was computed with metric 'top1' \(this run uses 'top5'\)"),
+    "a pickle of code": Promise(["--analysis_file", "evil.pkl"],
+                                r"evil\.pkl holds code or unexpected types \(posix\.system\) and was not loaded",
+                                write("evil.pkl", pickle.dumps(os.system))),
+    "not a pickle": Promise(["--analysis_file", "text.pkl"], r"text\.pkl is not a pickle or is damaged",
+                            write("text.pkl", b"hello")),
+    "sidecar not JSON": Promise([], r"Sidecar file out/s\.pkl\.json is not valid JSON \(Expecting property name",
+                                write("out/s.pkl.json", b"{")),
+    "unknown arch": Promise(["Global.arch=resnet_9000"], r"Global\.arch 'resnet_9000' is not a torchvision model"),
+    "crop larger than resize": Promise(["Global.img_size=32"], r"Global\.resize_size \(16\) is smaller than"),
+    "batch size 0": Promise(["Global.batch_size=0"], r"Global\.batch_size must be a positive integer, got 0"),
+    "bad device": Promise(["Global.device=tpu"], r"Global\.device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+    "bad shard": Promise(["--shard", "3/2"], r"--shard must be I/N with 1 <= I <= N .*got '3/2'"),
+    "ratio above 1": Promise(["--pruned_ratios", "0.5", "1.5"], r"pruned_ratios must hold ratios strictly between"),
+    "unknown criterion": Promise(["SensitivityAnalysis.criterion=l3"],
+                                 r"SensitivityAnalysis\.criterion must be one of l1_norm, .*got 'l3'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(PROMISES))
+def test_a_promised_bad_input_exits_2_and_leaves_the_analysis_file_alone(
+    cli: Cli, tmp_path: Path, list_data: Path, case: str
+) -> None:
+    config = plain_config(tmp_path, list_data, "out/s.pkl")
+    assert cli("--config_path", config, "--no_report").code == 0
+    promise = PROMISES[case]
+    promise.damage(tmp_path)
+    arguments = (
+        promise.arguments if "--config_path" in promise.arguments else ["--config_path", config, *promise.arguments]
+    )
+    before = {path: path.read_bytes() for path in tmp_path.glob("**/*.pkl*")}
+    assert_user_error(cli(*arguments, "--no_report"), promise.error)
+    assert {path: path.read_bytes() for path in tmp_path.glob("**/*.pkl*")} == before

@@ -175,3 +175,17 @@ def test_main_run_verifies_target_loss_ratios_from_the_yaml(cli: Callable[..., C
     assert (tmp_path / "export" / "channel_prune.yaml").read_text() == (tmp_path / "s.pkl.ratios.yaml").read_text()
     assert len(ratios["prune_params_name"]) >= len(plan["groups"])
     assert "verified (all groups pruned at once" in result.out
+
+
+def test_verify_takes_its_ratios_from_the_file_when_the_config_sets_no_target(
+    cli: Callable[..., CliResult], tmp_path: Path, list_data: Path
+) -> None:
+    """A config that only analyses (no target_loss, no budget) can verify a hand-written ratios file."""
+    config = write_config(tmp_path / "c.yaml", {"Global": tiny_global(list_data), "SensitivityAnalysis": {
+        "analysis_file": str(tmp_path / "s.pkl"), "pruned_ratios": [0.5]}})  # fmt: skip
+    assert cli("--config_path", config, "--no_report").code == 0
+    (tmp_path / "r.yaml").write_text("ChannelPrune:\n  prune_params_name: [0.weight]\n  pruned_ratio: [0.5]\n")
+    result = cli("verify", tmp_path / "s.pkl", "--ratios", tmp_path / "r.yaml", "--config_path", config, "--no_report")
+    assert result.code == 0, result.err
+    verification = load_sidecar(tmp_path / "s.pkl")["plan"]["verification"]
+    assert verification["macs"]["pruned"] < verification["macs"]["dense"]

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -13,14 +14,16 @@ import torch
 from analysis.cli._exit import EXIT_OK
 from analysis.cli._logs import setup_logging
 from analysis.compat.topology import dependency_csv, dependency_sets, not_safe_to_prune
-from analysis.config import load_config
+from analysis.config import check_target_loss, load_config
 from analysis.errors import AnalysisFileError
 from analysis.inputs.models import build_model
 from analysis.io._lock import exclusive
-from analysis.io.atomic import atomic_write_text
+from analysis.io.atomic import atomic_write_text, writable_folder
 from analysis.io.results import sidecar_path
 from analysis.io.tables import CSV_STYLES, csv_path, export_csv
 from analysis.scale._shards import merge_files
+
+logger = logging.getLogger(__name__)
 
 
 def build_report_parser() -> argparse.ArgumentParser:
@@ -70,12 +73,27 @@ def write_reports(
     ratio: float | None = None,
     out_dir: str | Path | None = None,
 ) -> list[Path]:
-    """Write both CSV exports, the plots and the HTML report of ``analysis_file``; returns the paths written."""
-    from analysis.reporting.report import write_report  # matplotlib is imported only when reports are written
+    """Write the CSV exports, the plots and the HTML report of ``analysis_file``; returns the paths written.
 
-    directory = Path(out_dir) if out_dir is not None else Path(analysis_file).parent
+    The analysis file and its sidecar are read and ``ratio`` and ``out_dir`` checked before the first file is
+    written, so a bad argument leaves nothing half-done. Without a sidecar the wide CSV (metric values, which only
+    the sidecar holds) is skipped with a warning and the rest is built from the pickle alone.
+    """
+    from analysis.reporting.plots import resolve_ratio
+    from analysis.reporting.report import load_analysis, write_report  # matplotlib only when reports are written
+
+    data = load_analysis(analysis_file)
+    resolve_ratio(data.sensitivities, ratio, str(data.path))
+    directory = writable_folder(out_dir if out_dir is not None else Path(analysis_file).parent)
+    styles: tuple[str, ...] = CSV_STYLES
+    if data.sidecar is None:
+        styles = tuple(style for style in CSV_STYLES if style != "wide")
+        logger.warning(
+            "%s has no sidecar %s: the wide CSV (metric values) is skipped and the report shows the losses alone.",
+            analysis_file, sidecar_path(analysis_file).name,
+        )  # fmt: skip
     written = [export_csv(analysis_file, csv_path(directory / Path(analysis_file).name, style), style)
-               for style in CSV_STYLES]  # fmt: skip
+               for style in styles]  # fmt: skip
     files = write_report(analysis_file, out_dir=directory, target_loss=target_loss, ratio=ratio)
     return [*written, files.curves, files.heatmap, files.savings, files.html]
 
@@ -86,6 +104,7 @@ def report_main(argv: Sequence[str]) -> int:
     setup_logging(args.quiet)
     if not Path(args.analysis_file).is_file():
         raise AnalysisFileError(f"Analysis file {args.analysis_file} does not exist; pass the .pkl a run wrote.")
+    check_target_loss(args.target_loss, "--target_loss")
     for path in write_reports(args.analysis_file, args.target_loss, args.ratio, args.out_dir):
         if not args.quiet:
             print(path)

@@ -323,12 +323,7 @@ def verify_main(argv: Sequence[str]) -> int:
     setup_logging(args.quiet)
     if not Path(args.analysis_file).is_file():
         raise AnalysisFileError(f"Analysis file {args.analysis_file} does not exist; pass the .pkl a run wrote.")
-    flags = {
-        "SensitivityAnalysis.analysis_file": args.analysis_file,
-        "SensitivityAnalysis.verify": True,
-        "SensitivityAnalysis.export_dir": args.export_dir,
-        "SensitivityAnalysis.target_macs_reduction": None,
-    }
+    flags = {"SensitivityAnalysis.analysis_file": args.analysis_file}
     if args.config_path:
         config = load_config(args.config_path, args.overrides, flags)
     else:
@@ -338,6 +333,10 @@ def verify_main(argv: Sequence[str]) -> int:
             raise ConfigError(f"{args.analysis_file} does not record the config that wrote it (Python API run); "
                               "pass --config_path.")  # fmt: skip
         config = config_from_data(raw, stored.source or args.analysis_file, args.overrides, flags)
+    # --ratios gives the ratios, so verifying and exporting need no target in the config: set after its validation
+    config.SensitivityAnalysis.verify = True
+    if args.export_dir is not None:
+        config.SensitivityAnalysis.export_dir = args.export_dir
     progress = False if args.quiet else None
     inputs = build_inputs(config, progress, calibration=needs_calibration(config))
     return _finish(config, inputs, args, progress, ratios_file=args.ratios)

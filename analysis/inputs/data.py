@@ -35,7 +35,7 @@ from torchvision.transforms.v2 import functional as TF
 from tqdm.auto import tqdm
 
 from analysis._progress import progress_disabled
-from analysis.config import DEFAULT_MAX_IMAGE_PIXELS, GlobalConfig
+from analysis.config import DEFAULT_MAX_IMAGE_PIXELS, GlobalConfig, printable
 from analysis.errors import DataError
 from analysis.io._fingerprint import json_fingerprint
 
@@ -111,7 +111,7 @@ def find_samples(data_dir: str | Path, val_list: str = "val_list.txt") -> tuple[
     """
     root = Path(data_dir)
     if not root.is_dir():
-        raise DataError(f"Global.data_dir {root} does not exist or is not a folder.")
+        raise DataError(f"Global.data_dir {printable(root)} does not exist or is not a folder.")
     list_path = Path(val_list) if Path(val_list).is_absolute() else root / val_list
     if list_path.is_file():
         samples = read_sample_list(root, list_path)
@@ -122,11 +122,11 @@ def find_samples(data_dir: str | Path, val_list: str = "val_list.txt") -> tuple[
     else:
         hint = " (it contains class folders: set data_dir to its parent)" if _looks_like_class_root(root) else ""
         raise DataError(
-            f"Global.data_dir {root} has neither {list_path.name} (PaddleSlim layout) nor val/<class>/ folders "
-            f"(ImageFolder layout){hint}."
+            f"Global.data_dir {printable(root)} has neither {printable(list_path.name)} (PaddleSlim layout) nor "
+            f"val/<class>/ folders (ImageFolder layout){hint}."
         )
     if not samples:
-        raise DataError(f"No images found in {layout}; check Global.data_dir and Global.val_list.")
+        raise DataError(f"No images found in {printable(layout)}; check Global.data_dir and Global.val_list.")
     check_files_exist(samples)
     return samples, layout
 
@@ -134,22 +134,25 @@ def find_samples(data_dir: str | Path, val_list: str = "val_list.txt") -> tuple[
 def read_sample_list(root: Path, list_path: Path, key: str = "Global.val_list") -> list[Sample]:
     """Parse a PaddleSlim list file (``relative/path label`` lines, paths relative to ``root``) in file order.
 
-    Blank lines and ``#`` comments are skipped; ``key`` names the list in the message when it cannot be read.
+    Blank lines and ``#`` comments are skipped; ``key`` names the list in the message when it cannot be read. Messages
+    and each sample's ``source`` show the file's name and the list's text with line breaks and control characters
+    escaped, so that they stay one line.
 
     Raises:
         DataError: If the file cannot be read as UTF-8 text or a line is malformed (naming the file and line).
     """
+    shown = printable(list_path)
     try:
         raw = list_path.read_bytes()
     except OSError as error:
-        raise DataError(f"{key} {list_path} cannot be read ({error.strerror or error}); check the file.") from None
+        raise DataError(f"{key} {shown} cannot be read ({error.strerror or error}); check the file.") from None
     body = raw.removeprefix(codecs.BOM_UTF8)  # a byte-order mark some editors write is not part of the first path
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as error:
-        line_number = body[: error.start].count(b"\n") + 1
+        line_number = body[: error.start].replace(b"\r\n", b"\n").replace(b"\r", b"\n").count(b"\n") + 1  # as below
         raise DataError(
-            f"{key} {list_path} line {line_number} is not UTF-8 text (byte {body[error.start]:#04x}); save it as UTF-8 "
+            f"{key} {shown} line {line_number} is not UTF-8 text (byte {body[error.start]:#04x}); save it as UTF-8 "
             "with '<relative/path> <integer label>' lines."
         ) from None
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # universal newlines, as read_text
@@ -159,14 +162,17 @@ def read_sample_list(root: Path, list_path: Path, key: str = "Global.val_list") 
         if not text or text.startswith("#"):
             continue
         parts = text.rsplit(maxsplit=1)
-        where = f"{list_path} line {number}"
+        where = f"{shown} line {number}"
         if len(parts) != 2:
-            raise DataError(f"{where}: '{text}' has no label; each line must be '<relative/path> <integer label>'.")
+            raise DataError(
+                f"{where}: '{printable(text)}' has no label; each line must be '<relative/path> <integer label>'."
+            )
         try:
             label = int(parts[1])
         except ValueError:
             raise DataError(
-                f"{where}: label '{parts[1]}' is not an integer; each line must be '<relative/path> <integer label>'."
+                f"{where}: label '{printable(parts[1])}' is not an integer; each line must be '<relative/path> "
+                "<integer label>'."
             ) from None
         samples.append(Sample(str(root / parts[0]), label, where))
     return samples
@@ -236,7 +242,7 @@ def check_files_exist(samples: Sequence[Sample]) -> None:
     if missing:
         first = missing[0]
         more = f" ({len(missing)} listed images are missing in total)" if len(missing) > 1 else ""
-        raise DataError(f"{first.source}: image {first.path} does not exist{more}.")
+        raise DataError(f"{first.source}: image {printable(first.path)} does not exist{more}.")
 
 
 def select_subset(samples: Sequence[Sample], max_samples: int | None, seed: int) -> list[Sample]:
@@ -454,7 +460,9 @@ class EvalLoader:
     def _raw_batches(self, loader: DataLoader[Item]) -> Iterator[Batch]:
         for batch in loader:
             if isinstance(batch, ReadFailure):
-                raise DataError(f"{batch.source}: image {batch.path} cannot be decoded ({batch.reason}).")
+                raise DataError(
+                    f"{batch.source}: image {printable(batch.path)} cannot be decoded ({printable(batch.reason)})."
+                )
             yield batch
 
     def _iter_cached(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -1,0 +1,398 @@
+"""Properties (Hypothesis) of the two readers of user text: the config loader and the list-file reader.
+
+What they guarantee, for any input:
+
+* a config key holding any YAML value, a dotted override holding any text, and a config file holding any text or bytes
+  either load to a :class:`~analysis.config.Config` or raise :class:`~analysis.errors.ConfigError`;
+* a list file holding any bytes or lines is either read as one sample per line that is neither blank nor a ``#``
+  comment, with the label written on it, or raises :class:`~analysis.errors.DataError`;
+* the error is one line of printable text ending a sentence and names the key, override or file (and the list line
+  at fault); no other exception escapes;
+* through the CLI the same inputs exit 0 or 2, a 2 with one ``error:`` line and no traceback.
+
+The examples are derandomized (the same on every run, no example database), so CI is deterministic. Each explicit
+``@example`` is an input that broke the property before the fix its comment names, or a corner worth always trying.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import math
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from hypothesis import event, example, given, settings
+from hypothesis import strategies as st
+
+from analysis.config import Config, GlobalConfig, SensitivityConfig, config_from_data, load_config, printable
+from analysis.errors import ConfigError, DataError
+from analysis.inputs.data import read_sample_list
+
+from helpers import run_cli, tiny_global, write_config, write_images
+
+
+def property_settings(max_examples: int) -> settings:
+    """Derandomized: every run tries the same ``max_examples`` examples, and nothing is stored between runs."""
+    return settings(derandomize=True, database=None, deadline=None, max_examples=max_examples)
+
+
+SECTION_KEYS = [(name, f.name) for name, cls in (("Global", GlobalConfig), ("SensitivityAnalysis", SensitivityConfig))
+                for f in dataclasses.fields(cls)]  # fmt: skip
+# Keys the CLI property leaves alone: sizes and worker counts that a valid but huge value turns into hours of work or
+# gigabytes of memory, the model (arbitrary modules and kwargs), torchvision weights (a download) and output paths.
+CLI_SKIPPED = {
+    "img_size", "resize_size", "calib_img_size", "calib_resize_size", "num_workers", "arch", "arch_kwargs",
+    "model_dir", "model_filename", "params_filename", "trust_model_file", "weights", "analysis_file", "export_dir",
+}  # fmt: skip
+CLI_KEYS = [(name, key) for name, key in SECTION_KEYS if key not in CLI_SKIPPED]
+LABELS = 10  # the classes of tiny_cnn and of the images below
+
+# ---- strategies ----------------------------------------------------------------------------------------------------
+
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=-(2**200), max_value=2**200)
+    | st.floats()  # nan and +-inf included
+    | st.text()  # any characters, control characters and line breaks included
+    | st.sampled_from(["auto", "cpu", "top5", "l2_norm", "0.5", "yes", "~", "", " "])
+)
+# Values a key may well accept, so that valid configs (and so whole runs) come up too.
+plausible = (
+    st.integers(-1, 40)
+    | st.floats(0, 1)
+    | st.lists(st.floats(0, 1), min_size=1, max_size=3)
+    | st.sampled_from(["cpu", "auto", "cuda:0", "ram", "off", "top5", "ce", "absolute", "mean", "reference", "element"])
+    | st.sampled_from(["l2_norm", "bn_scale", "dropped", "measured", "bicubic", "val_list.txt", "x.txt", "[]", "{}"])
+)
+yaml_values = plausible | st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=8,
+)  # fmt: skip
+
+
+def flow_yaml(value: Any) -> str:
+    """``value`` as one line of YAML (what a user would type after ``Section.key=``)."""
+    return (
+        str(yaml.safe_dump(value, default_flow_style=True, width=math.inf, allow_unicode=True))
+        .removesuffix("\n...\n")
+        .strip()
+    )
+
+
+override_values = st.text() | yaml_values.map(flow_yaml)
+# Pieces of YAML syntax, so that whole-file text reaches the parser's corners (anchors, tags, flow, indentation).
+yaml_soup = st.lists(
+    st.sampled_from([
+        "Global:", "SensitivityAnalysis:", "ChannelPrune:", "  data_dir: d", "  arch: a", "  batch_size: 8",
+        "  pruned_ratios: [0.5]", "&a ", "*a", "<<: *a", "- ", ": ", "? ", "!!python/object:os.system ", "!!binary ",
+        "{", "}", "[", "]", ",", "'", '"', "\\", "\n", "\r\n", "\t", "  ", "#", "%YAML 1.1\n", "---\n", "...\n",
+        "\x00", "\x85", "\ufeff", "é", "1e309", ".nan",
+    ]) | st.text(max_size=3),
+    max_size=30,
+).map("".join)  # fmt: skip
+newlines = st.sampled_from(["\n", "\r\n", "\r"])
+labels = st.integers() | st.integers(min_value=-(10**30), max_value=10**30) | st.integers(0, LABELS - 1)
+list_lines = st.one_of(
+    st.text(),
+    st.builds("{} {}".format, st.text(), labels),
+    st.builds("{}\t{}".format, st.sampled_from(["val/img_0000.png", "a b.png", "#x", "", " "]), st.text(max_size=4)),
+    st.sampled_from(["", "   ", "# comment", "\t#", "\x00", "\ufeff", "x -1", "x +1", "x 1_0", "x ٣", "x 1e3"]),
+)
+# A path the reader must give back: no line break, nothing to strip at either end, and no comment mark in front.
+# Inner whitespace is part of the path (the label is the last field), so spaces and tabs come up often.
+path_characters = st.sampled_from(" \t\x0b\x85\u3000/._-#0") | st.characters(
+    exclude_categories=("Cs",), exclude_characters="\r\n"
+)
+round_trip_paths = (
+    st.lists(path_characters, min_size=1, max_size=20)  # a list keeps the bias that st.text's alphabet would merge away
+    .map("".join)
+    .filter(lambda path: path == path.strip() and not path.startswith(("#", "\ufeff")))
+)
+
+# ---- shared files: built once, since Hypothesis runs many examples in one test call -------------------------------
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with 20 images in the PaddleSlim layout (labels 0..9 twice) under ``data``."""
+    root = tmp_path_factory.mktemp("properties")
+    write_images(root / "data", "list", [i % LABELS for i in range(20)])
+    return root
+
+
+def base_config(workdir: Path) -> dict[str, Any]:
+    """A valid, fast config: the tiny CNN on the images of ``workdir``, one ratio, output under ``workdir``."""
+    analysis = {"analysis_file": str(workdir / "out" / "s.pkl"), "pruned_ratios": [0.5]}
+    return {"Global": tiny_global(workdir / "data"), "SensitivityAnalysis": analysis}
+
+
+# ---- assertions ----------------------------------------------------------------------------------------------------
+
+
+def assert_one_sentence(error: Exception, *names: str) -> None:
+    """The message is one line of printable text ending a sentence and contains at least one of ``names``."""
+    message = str(error)
+    assert message.isprintable(), f"not one printable line: {message!r}"
+    assert message.endswith((".", "?", ")")), f"no sentence end: {message!r}"
+    assert any(name in message for name in names), f"names none of {names}: {message!r}"
+
+
+def load_or_refuse(path: Path, overrides: list[str], *names: str) -> Config | None:
+    """Load ``path``; a refusal must be a one-sentence ConfigError naming one of ``names`` (any other exception
+    propagates and fails the test)."""
+    try:
+        config = load_config(path, overrides=overrides)
+    except ConfigError as error:
+        assert_one_sentence(error, *names)
+        event("refused")
+        return None
+    event("loaded")
+    return config
+
+
+def assert_usable(config: Config, path: Path) -> None:
+    """A loaded config is one the run can use as written: torch reads its device and seed unchanged, and written back
+    as data (as a sidecar keeps it) it loads to the same config."""
+    g = config.Global
+    if g.device != "auto":
+        assert str(torch.device(g.device)) == g.device
+    torch.Generator().manual_seed(g.seed)
+    raw = {name: dataclasses.asdict(getattr(config, name)) for name in ("Global", "SensitivityAnalysis")}
+    assert config_from_data(raw, path) == config
+
+
+@contextlib.contextmanager
+def captured() -> Iterator[tuple[io.StringIO, io.StringIO]]:
+    """Capture stdout and stderr (pytest's fixtures are per test, these per example)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        yield out, err
+
+
+def run_cli_checked(config: Path, *overrides: str) -> int:
+    """Run the CLI on ``config``; it exits 0, or 2 with a last ``error:`` line that is one printable sentence."""
+    with captured() as (_, err):
+        code = run_cli(["--config_path", config, "--overwrite", "--no_report", "--quiet", *overrides])
+    assert code in (0, 2), err.getvalue()
+    event(f"exit code {code}")
+    if code == 2:
+        text = err.getvalue()
+        assert "Traceback" not in text, text
+        last = text.splitlines()[-1]
+        assert last.startswith("error: ") and last.isprintable(), text
+    return code
+
+
+# ---- the config loader ---------------------------------------------------------------------------------------------
+
+
+@property_settings(300)
+@given(key=st.sampled_from(SECTION_KEYS), value=yaml_values)
+@example(key=("Global", "mean"), value={})  # a mapping where a list belongs: OmegaConf's bare TypeError
+@example(key=("Global", "arch_kwargs"), value=[])  # a list where a mapping belongs: the same
+@example(key=("Global", "std"), value=[[1], 2, 3])  # a list in a list of numbers passed OmegaConf; then TypeError
+@example(key=("SensitivityAnalysis", "skip_params"), value=[{"a": 1}])  # a mapping in a list of names passed
+@example(key=("SensitivityAnalysis", "group_reduction"), value="se\x85lf")  # quoted raw: a line break in the message
+@example(key=("SensitivityAnalysis", "early_stop_mode"), value="a\nb")  # quoted raw by early_stop_from
+@example(key=("Global", "device"), value="cuda:\u0663")  # a non-ASCII digit matched \d; torch.device raised
+@example(key=("Global", "seed"), value=2**64)  # accepted; torch.manual_seed raised ValueError in the run
+def test_any_yaml_value_for_any_key_loads_or_names_the_key(workdir: Path, key: tuple[str, str], value: Any) -> None:
+    section, name = key
+    data = base_config(workdir)
+    data[section][name] = value
+    path = workdir / "value.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    config = load_or_refuse(path, [], name)
+    if config is not None:
+        assert_usable(config, path)
+
+
+@property_settings(300)
+@given(key=st.sampled_from(SECTION_KEYS), text=override_values)
+@example(key=("Global", "seed"), text="P\n:E\x14F")  # the override was quoted raw, line break and all
+@example(key=("Global", "mean"), text="{a: 1}")  # OmegaConf's bare TypeError
+@example(key=("Global", "arch_kwargs"), text="[1]")  # the same
+@example(key=("Global", "device"), text="cuda:256")  # accepted; torch wraps the index: cuda:256 is cuda:0
+def test_any_override_value_loads_or_names_the_key(workdir: Path, key: tuple[str, str], text: str) -> None:
+    section, name = key
+    path = write_config(workdir / "base.yaml", base_config(workdir))
+    config = load_or_refuse(path, [f"{section}.{name}={text}"], name)
+    if config is not None:
+        assert_usable(config, path)
+
+
+@property_settings(200)
+@given(item=st.text() | st.builds("{}={}".format, st.text(max_size=30), st.text(max_size=10)))
+@example(item="\x85=1")  # quoted raw, line break and all
+def test_any_override_item_loads_or_names_the_override(workdir: Path, item: str) -> None:
+    path = write_config(workdir / "base.yaml", base_config(workdir))
+    key = item.partition("=")[0].split(".")[1:2]  # Section.key.more=value: the key is checked first
+    load_or_refuse(path, [item], "Override", *(printable(name) for name in key if name))
+
+
+@property_settings(200)
+@given(text=st.text() | yaml_soup)
+@example(text="Global:\n  data_dir: \x00")  # PyYAML's message about the character spans two lines
+@example(text='Global: {"a\\nb": 1, "a\\nb": 2}')  # the repeated key was quoted raw, line break and all
+def test_any_config_text_loads_or_names_the_file(workdir: Path, text: str) -> None:
+    path = workdir / "text.yaml"
+    path.write_text(text, encoding="utf-8", newline="")
+    load_or_refuse(path, [], str(path), "Global", "SensitivityAnalysis")
+
+
+@property_settings(100)
+@given(data=st.binary())
+@example(data=b"\xc2\x9c")  # valid UTF-8 of a character YAML refuses: the same two-line message
+def test_any_config_bytes_load_or_name_the_file(workdir: Path, data: bytes) -> None:
+    path = workdir / "bytes.yaml"
+    path.write_bytes(data)
+    load_or_refuse(path, [], str(path), "Global", "SensitivityAnalysis")
+
+
+@property_settings(50)
+@given(key=st.sampled_from(CLI_KEYS), value=yaml_values, as_override=st.booleans())
+@example(key=("Global", "seed"), value=2**64, as_override=False)  # torch.manual_seed's ValueError: exit 1
+@example(key=("Global", "val_list"), value="a\nb", as_override=False)  # the data error quoted it raw
+@example(key=("Global", "device"), value="cuda:01", as_override=True)  # torch.device's RuntimeError: exit 1
+# a budget this small overflowed the plan's units (OverflowError): exit 1
+@example(key=("SensitivityAnalysis", "target_macs_reduction"), value=2.2250738585072014e-308, as_override=False)
+def test_cli_exits_0_or_2_for_any_value(workdir: Path, key: tuple[str, str], value: Any, as_override: bool) -> None:
+    section, name = key
+    data = base_config(workdir)
+    overrides = [f"{section}.{name}={flow_yaml(value)}"] if as_override else []
+    if not as_override:
+        data[section][name] = value
+    path = workdir / "cli.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    run_cli_checked(path, *overrides)
+
+
+# ---- the list-file reader ------------------------------------------------------------------------------------------
+
+
+def content_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, stripped text) of each line a list file's samples come from: universal newlines, blank lines
+    and ``#`` comments skipped."""
+    lines = [line.strip() for line in re.split(r"\r\n|\r|\n", text)]
+    return [(number, line) for number, line in enumerate(lines, start=1) if line and not line.startswith("#")]
+
+
+def first_fault(raw: bytes) -> int | None:
+    """The number of the line a list file is refused for, or None when it is fine: the first line that is not UTF-8
+    (the whole file is decoded first), else the first content line that is not '<path> <integer>'."""
+    lines = re.split(rb"\r\n|\r|\n", raw.removeprefix(b"\xef\xbb\xbf"))
+    for number, line in enumerate(lines, start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            return number
+    for number, line in content_lines(b"\n".join(lines).decode("utf-8")):
+        parts = line.rsplit(maxsplit=1)
+        if len(parts) != 2 or not is_int(parts[1]):
+            return number
+    return None
+
+
+def is_int(text: str) -> bool:
+    """Whether ``int(text)`` accepts ``text``."""
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def check_list_file(workdir: Path, raw: bytes) -> None:
+    """``raw`` as a list file reads to the samples of its content lines, or to a DataError naming the faulty line."""
+    path = workdir / "list with space.txt"
+    path.write_bytes(raw)
+    fault = first_fault(raw)
+    try:
+        samples = read_sample_list(workdir, path)
+    except DataError as error:
+        assert_one_sentence(error, printable(path))
+        assert fault is not None and f" line {fault}" in str(error), (fault, str(error))
+        return
+    assert fault is None
+    expected = content_lines(raw.removeprefix(b"\xef\xbb\xbf").decode("utf-8"))
+    assert [(s.label, s.source) for s in samples] == [
+        (int(line.rsplit(maxsplit=1)[1]), f"{path} line {number}") for number, line in expected
+    ]
+
+
+@property_settings(300)
+@given(raw=st.binary())
+@example(raw=b"a 1\rb\xff 2")  # lines ended by \r alone: the undecodable byte was reported on line 1, not 2
+def test_any_list_file_bytes_read_or_name_the_line(workdir: Path, raw: bytes) -> None:
+    check_list_file(workdir, raw)
+
+
+@property_settings(300)
+@given(
+    lines=st.lists(list_lines | st.binary(max_size=6).map(lambda b: b.decode("latin-1")), max_size=8),
+    newline=newlines,
+    bom=st.booleans(),
+    latin1=st.booleans(),
+)
+def test_any_list_file_lines_read_or_name_the_line(
+    workdir: Path, lines: list[str], newline: str, bom: bool, latin1: bool
+) -> None:
+    text = newline.join(lines)
+    encoded = text.encode("latin-1", errors="replace") if latin1 else text.encode("utf-8")
+    check_list_file(workdir, (b"\xef\xbb\xbf" if bom else b"") + encoded)
+
+
+@property_settings(200)
+@given(
+    entries=st.lists(
+        st.tuples(round_trip_paths, st.integers(0, 10**12), st.sampled_from([" ", "\t", "  ", " \t "])), max_size=6
+    ),
+    indent=st.sampled_from(["", " ", "\t"]),
+    newline=newlines,
+    bom=st.booleans(),
+)
+def test_listed_paths_and_labels_read_back_in_order(
+    workdir: Path, entries: list[tuple[str, int, str]], indent: str, newline: str, bom: bool
+) -> None:
+    text = newline.join(f"{indent}{path}{gap}{label}{indent}" for path, label, gap in entries) + newline
+    path = workdir / "round_trip.txt"
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode("utf-8"))
+    samples = read_sample_list(workdir / "data", path)
+    assert [(s.path, s.label) for s in samples] == [(str(workdir / "data" / p), label) for p, label, _ in entries]
+    assert [s.source for s in samples] == [f"{path} line {n}" for n in range(1, len(entries) + 1)]
+
+
+@property_settings(50)
+@given(
+    lines=st.lists(
+        st.builds("val/img_{:04d}.png {}".format, st.integers(0, 19), labels) | list_lines, min_size=1, max_size=6
+    ),
+    newline=newlines,
+)
+@example(lines=["val/img_0000.png -1"], newline="\n")  # a negative label: read, then refused by the label check
+@example(lines=["val/img_0000.png 3", "a\x0cb 1"], newline="\n")  # the missing image was quoted raw, form feed and all
+@example(lines=["\ufeff"], newline="\n")  # only a byte-order mark: no images
+@example(lines=["val/img_0000.png 1", "a\x00b 2"], newline="\r")  # a NUL in a missing image's path
+def test_cli_exits_0_or_2_for_any_list_file(workdir: Path, lines: list[str], newline: str) -> None:
+    text = newline.join(lines)
+    (workdir / "data" / "cli_list.txt").write_text(text, encoding="utf-8", newline="")
+    path = write_config(workdir / "list.yaml", base_config(workdir))
+    # absolute losses: a random model on a few images may well have a baseline top1 of 0, which relative ones refuse
+    code = run_cli_checked(path, "Global.val_list=cli_list.txt", "SensitivityAnalysis.metric_mode=absolute")
+    images = {os.path.normpath(workdir / "data" / "val" / f"img_{i:04d}.png") for i in range(20)}
+    body = text.removeprefix("\ufeff")  # a byte-order mark
+    listed = [line.rsplit(maxsplit=1) for _, line in content_lines(body)] if first_fault(text.encode()) is None else []
+    runs = bool(listed) and all(
+        os.path.normpath(workdir / "data" / name) in images and 0 <= int(label) < LABELS for name, label in listed
+    )
+    assert (code == 0) == runs, text
