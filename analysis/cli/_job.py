@@ -60,7 +60,7 @@ def run_job(
         settings,
         selection=Selection(prune_params=s.prune_params_name, skip_params=s.skip_params, shard=shard),
         target_loss=None if shard or baseline_only else s.target_loss,
-        config=dataclasses.asdict(config),
+        config={**dataclasses.asdict(config), **({"random_weights": True} if inputs.random_weights else {})},
         overwrite=overwrite,
         baseline_only=baseline_only,
     )

@@ -14,7 +14,7 @@ from analysis.config import Config
 from analysis.inputs.calibration import CalibrationSet, build_calibration_set
 from analysis.inputs.data import EvalLoader, apply_data_cache, build_eval_loader
 from analysis.inputs.device import resolve_device
-from analysis.inputs.models import build_model, count_outputs
+from analysis.inputs.models import build_model, count_outputs, random_weights_warning
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +29,7 @@ class Inputs:
     loader: EvalLoader
     example_input: torch.Tensor
     calibration: CalibrationSet | None = None
+    random_weights: bool = False
 
 
 def build_inputs(config: Config, progress: bool | None = None, calibration: bool = False) -> Inputs:
@@ -38,6 +39,9 @@ def build_inputs(config: Config, progress: bool | None = None, calibration: bool
     g = config.Global
     device = resolve_device(g.device)
     torch.manual_seed(g.seed)
+    random_weights = random_weights_warning(g)
+    if random_weights is not None:
+        logger.warning(random_weights)
     loader = build_eval_loader(g, device)
     logger.info("data: %s, %d images", loader.layout, loader.num_samples)
     model = build_model(g).to(device)
@@ -46,7 +50,8 @@ def build_inputs(config: Config, progress: bool | None = None, calibration: bool
     calibration_set = build_calibration_set(g, device, loader, progress) if calibration else None
     if calibration_set is not None:
         logger.info("calibration: %s", calibration_set.describe())
-    return Inputs(model, loader, next(iter(loader))[0][:EXAMPLE_BATCH], calibration_set)
+    example_input = next(iter(loader))[0][:EXAMPLE_BATCH]
+    return Inputs(model, loader, example_input, calibration_set, random_weights=random_weights is not None)
 
 
 def needs_calibration(config: Config) -> bool:

@@ -35,6 +35,7 @@ from torch import nn
 
 from analysis.config import GlobalConfig
 from analysis.errors import ModelError, UserCodeError, did_you_mean, first_line
+from analysis.io.sidecar import RANDOM_WEIGHTS
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,18 @@ def build_model(cfg: GlobalConfig) -> nn.Module:
     else:
         model = load_pickled_module(checkpoint, cfg.trust_model_file)
     return model.eval()
+
+
+def random_weights_warning(cfg: GlobalConfig) -> str | None:
+    """The warning for a model built from ``Global.arch`` with no weights (no checkpoint, no ``Global.weights``),
+    None when weights are given. Losses of an untrained network say nothing about the trained one, so this must never
+    go unnoticed. A ``module:callable`` may load weights itself, which the warning allows for."""
+    if not cfg.arch or cfg.weights or resolve_checkpoint_path(cfg) is not None:
+        return None
+    fix = "set Global.model_dir + params_filename (a state_dict) or Global.weights"
+    if ":" in cfg.arch:
+        return f"Global.arch {cfg.arch} gets no weights: unless it loads them itself, {RANDOM_WEIGHTS}; {fix}."
+    return f"Global.arch {cfg.arch} gets no weights, so it has {RANDOM_WEIGHTS}; {fix}."
 
 
 def resolve_checkpoint_path(cfg: GlobalConfig) -> Path | None:

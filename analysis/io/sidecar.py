@@ -381,6 +381,10 @@ class GlobalRecord(_Record):
     max_samples: int | None = None
 
 
+RANDOM_WEIGHTS = "random weights: the numbers describe an untrained network"
+"""What the log and the report say of a model built from ``Global.arch`` with no weights."""
+
+
 @dataclass(kw_only=True)
 class ConfigRecord(_Record):
     """The resolved configuration: the CLI's ``Global`` and ``SensitivityAnalysis`` blocks with the config file, or
@@ -391,6 +395,8 @@ class ConfigRecord(_Record):
     source: str | None = None
     ignored_blocks: list[str] | None = None
     api: str | None = None
+    # true when Global.arch was built with no weights (no checkpoint, no Global.weights); absent otherwise
+    random_weights: bool | None = None
 
     def target_loss(self) -> float | None:
         """The run's ``target_loss`` (``SensitivityAnalysis.target_loss``, or the API's), if it is a number."""

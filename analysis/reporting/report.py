@@ -22,6 +22,7 @@ from analysis.io import sidecar as schema
 from analysis.io.atomic import atomic_write_text
 from analysis.io.results import Sensitivities, load_sensitivities, sidecar_path
 from analysis.io.sidecar import (
+    RANDOM_WEIGHTS,
     ConfigRecord,
     FingerprintRecord,
     PlanRecord,
@@ -130,6 +131,7 @@ body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu San
        margin: 24px auto; max-width: 1560px; padding: 0 16px; }
 h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 18px; margin: 28px 0 8px; border-bottom: 1px solid #ddd; }
 p.note { color: #555; margin: 4px 0 10px; }
+p.warning { color: #8a1c1c; background: #fdecea; border: 1px solid #f5c2c0; padding: 6px 10px; font-weight: 600; }
 table { border-collapse: collapse; font-size: 13px; }
 th, td { border: 1px solid #d0d0d0; padding: 3px 8px; vertical-align: top; }
 th { background: #f3f3f3; text-align: left; }
@@ -462,6 +464,12 @@ def render_html(
         "baseline and per-variant details are not known; only the losses are shown.</p>"
     )
     stored_config = data.sidecar.config if data.sidecar is not None else None
+    random_weights = (
+        f'<p class="warning">{_e(RANDOM_WEIGHTS[0].upper() + RANDOM_WEIGHTS[1:])}: the model was built from '
+        f"{_e(stored_config.Global.arch if stored_config.Global else 'its arch')} with no weights.</p>"
+        if stored_config is not None and stored_config.random_weights
+        else ""
+    )
     if stored_config is not None and stored_config.to_json():
         config_text = yaml.safe_dump(stored_config.to_json(), sort_keys=False, allow_unicode=True, width=110)
         config = f"<pre>{_e(config_text)}</pre>"
@@ -474,6 +482,7 @@ def render_html(
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
+        random_weights,
         no_sidecar,
         "<h2>Run</h2>",
         _summary(data, target_loss, label),
