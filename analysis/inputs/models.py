@@ -19,6 +19,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import keyword
 import logging
 import pickle
 import sys
@@ -176,12 +177,55 @@ def _import_callable(spec: str) -> Callable[..., Any]:
     return obj
 
 
+PRIVATE_MODULE_PREFIX = "_arch_"
+"""Model files that no dotted name reaches are imported under ``_arch_<stem>_<hash of the path>``."""
+
+
+def import_model_file(path: str | Path) -> ModuleType:
+    """Import a model file (``arch: path/to/net.py:callable``) under the name this tool gives it.
+
+    A pickled model (``pruned_model.pt``) refers to its classes by that name: call this before ``torch.load`` in a
+    new process when the file lies outside the folder the process starts in (see :func:`model_module_name`).
+
+    Raises:
+        ModelError: The file does not exist or cannot be imported.
+        UserCodeError: Importing it raised.
+    """
+    return _import_file(Path(path))
+
+
+def model_module_name(resolved: Path) -> str:
+    """The module name of a model file: its dotted path from the first ``sys.path`` entry that holds it when every
+    part is an identifier, else a private name.
+
+    ``python run.py`` puts the project root on ``sys.path``, so a model file inside it gets the name a new process
+    started there (``python -c``, a script in the root) imports it by, and a pickled model of it loads there. A dotted
+    name already taken by another file falls back to the private name, so two files never share one.
+    """
+    for root in (Path(entry or ".").resolve() for entry in sys.path):
+        try:
+            parts = resolved.with_suffix("").relative_to(root).parts
+        except ValueError:
+            continue
+        if parts and all(part.isidentifier() and not keyword.iskeyword(part) for part in parts):
+            name = ".".join(parts)
+            taken = sys.modules.get(name)
+            if taken is None or _module_file(taken) == resolved:
+                return name
+    return f"{PRIVATE_MODULE_PREFIX}{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:10]}"
+
+
+def _module_file(module: ModuleType) -> Path | None:
+    location = getattr(module, "__file__", None)
+    return Path(location).resolve() if location else None
+
+
 def _import_file(path: Path) -> ModuleType:
     if not path.is_file():
         raise ModelError(f"Global.arch: model file {path} does not exist (relative paths start at the current folder).")
     resolved = path.resolve()
-    # A stable, unique module name: the same file imported twice is one module, and classes stay picklable.
-    name = f"_arch_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:10]}"
+    # One name per file: the same file imported twice is one module, and its classes stay picklable.
+    name = model_module_name(resolved)
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, resolved)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,12 +23,15 @@ from torch import nn
 
 from analysis.errors import ModelError
 from analysis.inputs.device import model_device
+from analysis.inputs.models import PRIVATE_MODULE_PREFIX
 from analysis.io.atomic import atomic_write_bytes, atomic_write_text, writable_folder
 
 MODEL_FILE = "pruned_model.pt"
 STATE_DICT_FILE = "pruned_state_dict.pt"
 CHANNELS_FILE = "pruned_channels.json"
 FORMAT_VERSION = 1
+
+logger = logging.getLogger(__name__)
 
 
 def layer_shapes(model: nn.Module) -> dict[str, dict[str, Any]]:
@@ -58,12 +63,34 @@ def export_pruned(
     before, after = layer_shapes(dense), layer_shapes(pruned)
     changed = {name: shape for name, shape in after.items() if before.get(name) != shape}
     description = {"format": FORMAT_VERSION, "changed_layers": changed, **(extra or {})}
+    how_to_load = loading_note(pruned)
+    if how_to_load is not None:
+        description["loading"] = how_to_load
+        logger.warning("%s: %s", MODEL_FILE, how_to_load)
     paths = {"model": directory / MODEL_FILE, "state_dict": directory / STATE_DICT_FILE,
              "channels": directory / CHANNELS_FILE}  # fmt: skip
     atomic_write_bytes(paths["model"], saved_bytes(pruned))
     atomic_write_bytes(paths["state_dict"], saved_bytes(pruned.state_dict()))
     atomic_write_text(paths["channels"], json.dumps(description, indent=1) + "\n")
     return paths
+
+
+def loading_note(model: nn.Module) -> str | None:
+    """How to load the pickled ``model`` in a new process when its classes come from a model file no dotted name
+    reaches (imported under a private name, see :func:`~analysis.inputs.models.model_module_name`); None otherwise."""
+    files = sorted({
+        str(getattr(sys.modules.get(type(module).__module__), "__file__", type(module).__module__))
+        for module in model.modules()
+        if type(module).__module__.startswith(PRIVATE_MODULE_PREFIX)
+    })  # fmt: skip
+    if not files:
+        return None
+    imports = "; ".join(f"import_model_file({path!r})" for path in files)
+    return (
+        f"its classes come from {', '.join(files)}, outside the folders Python imports from, so torch.load needs "
+        f"them imported first: from analysis.inputs.models import import_model_file; {imports}; or rebuild the "
+        f"model without unpickling with analysis.planning.export.load_pruned(dense_model, export_dir)"
+    )
 
 
 def saved_bytes(obj: Any) -> bytes:
