@@ -140,6 +140,8 @@ class Config:
     SensitivityAnalysis: SensitivityConfig = field(default_factory=SensitivityConfig)
     source: str | None = None
     ignored_blocks: list[str] = field(default_factory=list)
+    # "Section.key" of every key the YAML, an override or a flag set: those win over a model's own preprocessing
+    explicit_keys: list[str] = field(default_factory=list)
 
 
 SECTIONS: dict[str, type] = {"Global": GlobalConfig, "SensitivityAnalysis": SensitivityConfig}
@@ -191,6 +193,8 @@ def config_from_data(
     _check_list_items(config)
     config.source = str(path)
     config.ignored_blocks = ignored
+    config.explicit_keys = sorted({f"{section}.{key}" for layer in layers for section, block in layer.items()
+                                   for key in block})  # fmt: skip
     if config.SensitivityAnalysis.analysis_file is None:
         config.SensitivityAnalysis.analysis_file = str(Path("outputs") / path.stem / "sensitivity.pkl")
     validate(config)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -60,7 +61,18 @@ def run_job(
         settings,
         selection=Selection(prune_params=s.prune_params_name, skip_params=s.skip_params, shard=shard),
         target_loss=None if shard or baseline_only else s.target_loss,
-        config={**dataclasses.asdict(config), **({"random_weights": True} if inputs.random_weights else {})},
+        config=_config_record(config, inputs),
         overwrite=overwrite,
         baseline_only=baseline_only,
     )
+
+
+def _config_record(config: Config, inputs: Inputs) -> dict[str, Any]:
+    """The resolved config as the sidecar records it, with what the inputs added: whether the weights are random and
+    where the preprocessing keys the YAML left unset came from."""
+    record = {key: value for key, value in dataclasses.asdict(config).items() if key != "explicit_keys"}
+    if inputs.random_weights:
+        record["random_weights"] = True
+    if inputs.preprocessing is not None:
+        record["preprocessing_from"] = inputs.preprocessing.source
+    return record

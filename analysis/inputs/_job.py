@@ -14,6 +14,7 @@ from analysis.config import Config
 from analysis.inputs.calibration import CalibrationSet, build_calibration_set
 from analysis.inputs.data import EvalLoader, apply_data_cache, build_eval_loader
 from analysis.inputs.device import resolve_device
+from analysis.inputs.model_preprocessing import PREPROCESSING_KEYS, ModelPreprocessing, apply_model_preprocessing
 from analysis.inputs.models import build_model, count_outputs, random_weights_warning
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ class Inputs:
     example_input: torch.Tensor
     calibration: CalibrationSet | None = None
     random_weights: bool = False
+    preprocessing: ModelPreprocessing | None = None  # the model's own, when it filled keys the YAML left unset
 
 
 def build_inputs(config: Config, progress: bool | None = None, calibration: bool = False) -> Inputs:
@@ -42,6 +44,12 @@ def build_inputs(config: Config, progress: bool | None = None, calibration: bool
     random_weights = random_weights_warning(g)
     if random_weights is not None:
         logger.warning(random_weights)
+    explicit = {key.removeprefix("Global.") for key in config.explicit_keys if key.startswith("Global.")}
+    preprocessing = apply_model_preprocessing(g, explicit)
+    if preprocessing is not None:
+        chosen = ", ".join(f"{key}={getattr(g, key)}" + (" (YAML)" if key in explicit else "")
+                           for key in PREPROCESSING_KEYS)  # fmt: skip
+        logger.info("preprocessing from %s: %s", preprocessing.source, chosen)
     loader = build_eval_loader(g, device)
     logger.info("data: %s, %d images", loader.layout, loader.num_samples)
     model = build_model(g).to(device)
@@ -51,7 +59,7 @@ def build_inputs(config: Config, progress: bool | None = None, calibration: bool
     if calibration_set is not None:
         logger.info("calibration: %s", calibration_set.describe())
     example_input = next(iter(loader))[0][:EXAMPLE_BATCH]
-    return Inputs(model, loader, example_input, calibration_set, random_weights=random_weights is not None)
+    return Inputs(model, loader, example_input, calibration_set, random_weights is not None, preprocessing)
 
 
 def needs_calibration(config: Config) -> bool:

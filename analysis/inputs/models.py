@@ -36,6 +36,7 @@ from torch import nn
 
 from analysis.config import GlobalConfig
 from analysis.errors import ModelError, UserCodeError, did_you_mean, first_line
+from analysis.inputs.timm_models import create_timm_model, hub_weights, is_timm_arch, read_safetensors
 from analysis.io.sidecar import RANDOM_WEIGHTS
 
 logger = logging.getLogger(__name__)
@@ -89,6 +90,9 @@ def resolve_checkpoint_path(cfg: GlobalConfig) -> Path | None:
         path = Path(cfg.model_dir) / filename if cfg.model_dir else Path(filename)
     elif cfg.model_dir is not None:
         path, key = Path(cfg.model_dir), "model_dir"
+        hub_file = hub_weights(path) if is_timm_arch(cfg.arch) and path.is_dir() else None
+        if hub_file is not None:
+            return hub_file
         if path.is_dir():
             raise ModelError(
                 f"Global.model_dir {path} is a folder but no file in it is named; set Global.params_filename "
@@ -102,11 +106,18 @@ def resolve_checkpoint_path(cfg: GlobalConfig) -> Path | None:
 
 
 def create_architecture(arch: str, kwargs: Mapping[str, Any], weights: str | None = None) -> nn.Module:
-    """Instantiate ``arch`` (torchvision name or ``module:callable``) with ``kwargs``.
+    """Instantiate ``arch`` (torchvision name, ``timm/<name>`` or ``module:callable``) with ``kwargs``.
 
     Raises:
         ModelError: If the name is unknown, the callable cannot be imported, or it does not return a module.
     """
+    if is_timm_arch(arch):
+        if weights:
+            raise ModelError(
+                f"Global.weights only applies to torchvision model names; for {arch} put the weights in "
+                "Global.model_dir (a state_dict file or a hub folder with model.safetensors)."
+            )
+        return create_timm_model(arch, kwargs)
     if ":" in arch:
         if weights:
             raise ModelError("Global.weights only applies to torchvision model names, not to module:callable archs.")
@@ -260,6 +271,8 @@ def read_checkpoint(path: Path) -> Any:
     Raises:
         ModelError: If the file is TorchScript, needs full unpickling, or is not a PyTorch checkpoint at all.
     """
+    if path.suffix == ".safetensors":
+        return read_safetensors(path)
     _refuse_torchscript(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)

@@ -397,6 +397,8 @@ class ConfigRecord(_Record):
     api: str | None = None
     # true when Global.arch was built with no weights (no checkpoint, no Global.weights); absent otherwise
     random_weights: bool | None = None
+    # the model's own preprocessing (timm's pretrained config, torchvision's weights) that filled unset Global keys
+    preprocessing_from: str | None = None
 
     def target_loss(self) -> float | None:
         """The run's ``target_loss`` (``SensitivityAnalysis.target_loss``, or the API's), if it is a number."""
