@@ -141,7 +141,7 @@ class Config:
     source: str | None = None
     ignored_blocks: list[str] = field(default_factory=list)
     # "Section.key" of every key the YAML, an override or a flag set: those win over a model's own preprocessing
-    explicit_keys: list[str] = field(default_factory=list)
+    explicit_keys: list[str] = field(default_factory=list, compare=False)  # bookkeeping, not configuration
 
 
 SECTIONS: dict[str, type] = {"Global": GlobalConfig, "SensitivityAnalysis": SensitivityConfig}
