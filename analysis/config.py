@@ -41,7 +41,10 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INTERPOLATIONS = ("bilinear", "bicubic", "lanczos")
 CRITERIA = ("l1_norm", "l2_norm", "geometry_median", "bn_scale")
-METRICS = ("top1", "top5", "ce")
+METRICS = ("top1", "top5", "ce", "agreement", "kl")
+# Metrics that compare the pruned model with the unpruned one's own predictions, so they need no labels.
+LABEL_FREE_METRICS = ("agreement", "kl")
+LABEL_MODES = ("required", "none")
 GROUP_REDUCTIONS = ("self", "mean")
 DATA_CACHE_MODES = ("auto", "ram", "off")
 ENGINES = ("fast", "reference")
@@ -101,6 +104,7 @@ class GlobalConfig:
     calib_resize_size: int | None = None
     calib_img_size: int | None = None
     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
+    labels: str = "required"
 
 
 @dataclass
@@ -231,6 +235,7 @@ def validate(config: Config) -> None:
     if g.num_workers is not None and g.num_workers < 0:
         raise ConfigError(f"Global.num_workers must be 0 or more (or unset for automatic), got {g.num_workers}.")
     check_choice("Global.data_cache", g.data_cache, DATA_CACHE_MODES)
+    check_choice("Global.labels", g.labels, LABEL_MODES)
     if g.cache_max_gb is not None and not (0 < g.cache_max_gb < math.inf):
         raise ConfigError(
             f"Global.cache_max_gb must be a positive number of GB (unset: half the free RAM), got {g.cache_max_gb}."
@@ -285,6 +290,7 @@ def validate(config: Config) -> None:
             "Global.calib_samples is 0; set it to a positive number (default 1024)."
         )
     validate_budget(s)
+    validate_label_free(g, s)
     check_granularity(s.granularity, s.criterion, "SensitivityAnalysis.")
     if not s.analysis_file:
         raise ConfigError("SensitivityAnalysis.analysis_file must not be empty.")
@@ -320,6 +326,29 @@ def validate_budget(s: SensitivityConfig) -> None:
         raise ConfigError(
             f"SensitivityAnalysis.{key} needs ratios to apply: set SensitivityAnalysis.target_macs_reduction, "
             "target_params_reduction or target_loss."
+        )
+
+
+def validate_label_free(g: GlobalConfig, s: SensitivityConfig) -> None:
+    """Without labels (``Global.labels: none``) only the label-free metrics can be measured, and nothing that scores
+    accuracy against labels (verification, the measured plan method) can run."""
+    if g.labels != "none":
+        return
+    if s.metric not in LABEL_FREE_METRICS:
+        raise ConfigError(
+            f"Global.labels is none, so SensitivityAnalysis.metric must be agreement or kl (top1, top5 and ce need "
+            f"labels), got '{printable(s.metric)}'."
+        )
+    if s.verify:
+        raise ConfigError(
+            "SensitivityAnalysis.verify measures top1 against labels, which Global.labels: none turns off; set "
+            "verify: false, or give the list file labels and set Global.labels: required."
+        )
+    budget = s.target_macs_reduction is not None or s.target_params_reduction is not None
+    if s.plan_method == "measured" and budget:
+        raise ConfigError(
+            "SensitivityAnalysis.plan_method: measured scores plans on top1 and cross-entropy against labels, which "
+            "Global.labels: none turns off; use plan_method: knapsack, or give the list file labels."
         )
 
 

@@ -12,6 +12,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from analysis._progress import progress_disabled
+from analysis.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,15 @@ def evaluate(
         device: Where to move each batch; ``None`` keeps batches where they are.
         progress: Show a tqdm bar in images/s; ``None`` shows it only on a terminal.
         desc: Label of the progress bar.
+
+    Raises:
+        UserError: If ``batches`` say they have no labels (an ``EvalLoader`` under ``Global.labels: none``).
     """
+    if not getattr(batches, "labelled", True):
+        raise UserError(
+            "top1, top5 and ce need labels and the evaluation data has none (Global.labels: none); measure "
+            "SensitivityAnalysis.metric: agreement or kl instead."
+        )
     sums = MetricSums()
     total = getattr(batches, "num_samples", None)
     disable = progress_disabled(progress)

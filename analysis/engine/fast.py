@@ -14,17 +14,17 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
 
-from analysis.engine._adaptive import PairedEstimate, per_sample
+from analysis.engine._adaptive import CONTINUOUS_METRICS, PairedEstimate, per_sample
+from analysis.engine._fidelity import IndexedBatch, Scores, indexed_batches, per_image_fidelity
 from analysis.engine._partition import GraphRunner, NodeValues, Schedule, SuffixPlan, UntraceableModel
 from analysis.engine._variants import Prepared
 from analysis.engine.batchnorm import Estimation, batch_images, count_images
-from analysis.engine.evaluate import MetricSums
-from analysis.engine.loss import LOWER_IS_BETTER, without_timing
+from analysis.engine.loss import LOWER_IS_BETTER, divides_by_baseline, without_timing
 from analysis.engine.reference import EngineReport, RunState, SensitivityEngine
 from analysis.engine.settings import Metrics
 from analysis.structure.groups import PrunableParam
@@ -42,7 +42,7 @@ class Variant:
 
     ratio: float
     slices: list[Slice]
-    sums: MetricSums = field(default_factory=MetricSums)
+    sums: Scores
     estimate: PairedEstimate | None = None
     done: bool = False
     batchnorm: Estimation | None = None
@@ -64,7 +64,7 @@ class FastSensitivityEngine(SensitivityEngine):
         """Like :meth:`SensitivityEngine.run`; falls back to it for a model torch.fx cannot trace."""
         self.runner: GraphRunner | None = None
         self.order = torch.empty(0, dtype=torch.long)  # adaptive precision: the random order of the images
-        self.per_image: dict[str, torch.Tensor] = {}  # adaptive precision: baseline top1/top5/ce of every image
+        self.per_image: dict[str, torch.Tensor] = {}  # adaptive precision: every image's baseline values by metric
         try:
             self.runner = GraphRunner(self.model)
         except UntraceableModel as error:
@@ -74,23 +74,21 @@ class FastSensitivityEngine(SensitivityEngine):
 
     def measure_baseline(self) -> Metrics:
         """With adaptive precision: one pass over the whole set in the seeded random order the variants will use,
-        keeping every image's baseline top1/top5/ce for the paired differences (the stored baseline is not reused,
-        it lacks them). Otherwise the reference engine's baseline."""
+        keeping every image's baseline values for the paired differences (top1/top5/ce with labels; for a label-free
+        metric the dense outputs, against which the dense model scores 1 or 0 per image); the stored baseline is not
+        reused, it lacks them. Otherwise the reference engine's baseline."""
         if self.settings.precision is None:
             return super().measure_baseline()
         assert self.data.batches is not None  # the fast engine is only made for data given as batches
         start = time.perf_counter()
         images_total = count_images(self.data.batches)
         self.order = torch.randperm(images_total, generator=torch.Generator().manual_seed(self.settings.seed))
-        self.per_image = {key: torch.empty(images_total, dtype=torch.float64) for key in ("top1", "top5", "ce")}
-        sums = MetricSums()
-        with torch.inference_mode():
-            for images, labels, index in ordered_batches(self.data.batches, self.order):
-                logits = self.model(images)
-                sums.add(logits, labels)
-                for key, values in per_sample(logits, labels).items():
-                    self.per_image[key][index] = values
-        metrics = {**sums.result().metrics(), "seconds": round(time.perf_counter() - start, 3)}
+        labelled = ("top1", "top5", "ce") if self.scoring.labelled else ()
+        self.per_image = {key: torch.empty(images_total, dtype=torch.float64) for key in labelled}
+        metrics = self.dense_pass(ordered_batches(self.data.batches, self.order), images_total, self.per_image)
+        if self.scoring.label_free:
+            self.per_image[self.settings.metric] = self.scoring.dense_per_image(images_total)
+        metrics["seconds"] = round(time.perf_counter() - start, 3)
         self.store_baseline(metrics, f" (adaptive precision +-{self.settings.precision:g})")
         return metrics
 
@@ -157,6 +155,7 @@ class FastSensitivityEngine(SensitivityEngine):
                 Variant(
                     ratio,
                     self.slices(prepared, ratio),
+                    self.scoring.sums(self.dense),
                     estimate=self._new_estimate(state.baseline),
                     batchnorm=Estimation(prepared.batchnorms) if self.settings.adaptive_bn else None,
                 )
@@ -176,8 +175,8 @@ class FastSensitivityEngine(SensitivityEngine):
         return PairedEstimate(
             population=len(self.order),
             baseline=float(baseline[metric]),
-            relative=self.settings.metric_mode == "relative",
-            discrete=metric != "ce",
+            relative=divides_by_baseline(metric, self.settings.metric_mode),
+            discrete=metric not in CONTINUOUS_METRICS,
         )
 
     def _split_matches_eager(self, plan: SuffixPlan, variant: Variant, prepared: Prepared) -> bool:
@@ -224,7 +223,7 @@ class FastSensitivityEngine(SensitivityEngine):
         variants = sum(len(job.variants) for job in chunk)
         for job in chunk:
             for position, variant in enumerate(job.variants):  # in increasing ratio order
-                metrics = variant.sums.result().metrics()
+                metrics = variant.sums.metrics()
                 seconds_each = seconds / variants
                 if self.record(job.prepared, variant.ratio, metrics, state, seconds_each, variant.estimate):
                     state.bar.update(len(job.variants) - position - 1)  # early stop: the larger ratios are dropped
@@ -267,15 +266,15 @@ class FastSensitivityEngine(SensitivityEngine):
             for images, labels, index in self._batches():
 
                 def visit(plan: SuffixPlan, frontier: NodeValues, labels: torch.Tensor = labels,
-                          index: torch.Tensor | None = index) -> None:  # fmt: skip
+                          index: torch.Tensor = index) -> None:  # fmt: skip
                     for variant in by_plan[id(plan)].variants:
                         if variant.done:
                             continue
                         statistics = variant.batchnorm.applied() if variant.batchnorm else contextlib.nullcontext()
                         with zeroed(variant.slices), statistics:
                             logits = runner.run_suffix(plan, frontier)
-                        variant.sums.add(logits, labels)
-                        if variant.estimate is not None and index is not None:
+                        variant.sums.add(logits, labels, index)
+                        if variant.estimate is not None:
                             variant.estimate.add(self._worse_by(logits, labels, index))
 
                 with torch.inference_mode():
@@ -293,19 +292,23 @@ class FastSensitivityEngine(SensitivityEngine):
                         active = still
                         schedule = runner.schedule([job.plan for job in active])
 
-    def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-        """The data for one pass: in order, or in the baseline's random order (with image indices) for precision."""
+    def _batches(self) -> Iterator[IndexedBatch]:
+        """The data for one pass with each image's sample index: in order, or in the baseline's random order for
+        precision."""
         assert self.data.batches is not None  # the fast engine is only made for data given as batches
         if self.settings.precision is not None:
             yield from ordered_batches(self.data.batches, self.order)
             return
-        for images, labels in self.data.batches:
-            yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True), None
+        yield from indexed_batches(self.data.batches, self.device)
 
     def _worse_by(self, logits: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """Per-image difference to the baseline on the same images, positive when the variant is worse."""
         metric = self.settings.metric
-        variant = per_sample(logits, labels)[metric]
+        if self.scoring.label_free:
+            assert self.dense is not None  # kept by the baseline pass
+            variant = per_image_fidelity(logits, self.dense, index, metric)
+        else:
+            variant = per_sample(logits, labels)[metric]
         reference = self.per_image[metric][index]
         return variant - reference if metric in LOWER_IS_BETTER else reference - variant
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -20,8 +20,10 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from analysis._progress import progress_disabled
-from analysis.engine._adaptive import PairedEstimate
+from analysis.config import LABEL_FREE_METRICS
+from analysis.engine._adaptive import PairedEstimate, per_sample
 from analysis.engine._early_stop import StopLedger
+from analysis.engine._fidelity import DenseOutputs, IndexedBatch, Scoring, image_count, indexed_batches
 from analysis.engine._modes import MaskCheck
 from analysis.engine._variants import Prepared, changed_layers, prepare_elements, variant_slices
 from analysis.engine.batchnorm import (
@@ -32,8 +34,10 @@ from analysis.engine.batchnorm import (
     reestimate,
     reestimated,
 )
+from analysis.engine.evaluate import MetricSums
 from analysis.engine.loss import check_baseline, check_finite, format_metrics, relative_loss, without_timing
 from analysis.engine.settings import AnalysisData, EngineSettings, Metrics
+from analysis.errors import UserError
 from analysis.io._store import AnalysisStore
 from analysis.io.sidecar import ParamRecord, VariantRecord
 from analysis.structure.criteria import channel_scores, select_channels
@@ -70,7 +74,11 @@ class SensitivityEngine:
 
     Engines that evaluate differently (:class:`~analysis.engine.fast.FastSensitivityEngine`) override
     :meth:`measure_baseline` and :meth:`run_params` and build on :meth:`prepare`, :meth:`evaluate_variant`,
-    :meth:`record`, :meth:`slices` and :meth:`changed_layers`; nothing else of this class is their business.
+    :meth:`dense_pass`, :meth:`record`, :meth:`slices` and :meth:`changed_layers`; nothing else of this class is
+    their business.
+
+    With a label-free metric (``agreement``, ``kl``) every pass compares each image with the dense model's output
+    on it, kept by the baseline pass (:attr:`dense`); the data's evaluator is then not used, the batches are.
 
     Args:
         model: The model, in eval mode on its device.
@@ -92,6 +100,9 @@ class SensitivityEngine:
             raise ValueError("adaptive_bn needs calibration batches")
         self.model, self.data, self.graph, self.settings, self.store = model, data, graph, settings, store
         self.device = data.example_input.device
+        self.scoring = Scoring(settings.metric, labelled=bool(getattr(data.batches, "labelled", True)))
+        check_scoring(self.scoring, data.batches is not None)
+        self.dense: DenseOutputs | None = None  # the dense model's outputs per image, for a label-free metric
         self.mask_check = MaskCheck(model, graph, data.example_input)
         self.check_input = self.mask_check.images
         self.stops = StopLedger(store, settings.early_stop, settings.metric, settings.ratios)
@@ -142,7 +153,15 @@ class SensitivityEngine:
                 return
 
     def measure_baseline(self) -> Metrics:
-        """The unpruned model's metrics: stored in the file (same model, data and settings), or measured now."""
+        """The unpruned model's metrics: stored in the file (same model, data and settings), or measured now; always
+        measured for a label-free metric, whose per-image reference outputs the file does not hold."""
+        if self.scoring.label_free:
+            assert self.data.batches is not None  # checked by check_scoring
+            start = time.perf_counter()
+            metrics = self.dense_pass(indexed_batches(self.data.batches, self.device), image_count(self.data.batches))
+            metrics["seconds"] = round(time.perf_counter() - start, 3)
+            self.store_baseline(metrics)
+            return metrics
         stored = self.store.baseline
         if stored is not None and self.settings.metric in stored:
             logger.info("Baseline (stored): %s", format_metrics(stored))
@@ -159,6 +178,53 @@ class SensitivityEngine:
         check_baseline(metrics[self.settings.metric], self.settings.metric, self.settings.metric_mode)
         self.store.set_baseline(metrics)
         logger.info("Baseline: %s%s", format_metrics(metrics), note)
+
+    def dense_pass(
+        self, batches: Iterable[IndexedBatch], images: int | None, per_image: dict[str, torch.Tensor] | None = None
+    ) -> Metrics:
+        """One pass of the unpruned model over ``batches`` (with sample indices), returning its metrics. For a
+        label-free metric its outputs per image are kept in :attr:`dense`; with ``per_image`` (adaptive precision)
+        each image's labelled values are written there by sample index.
+
+        Args:
+            batches: Images, labels and sample indices, in any order, each image once.
+            images: Images in the pass when known (the dense outputs are then allocated once).
+            per_image: ``top1``/``top5``/``ce`` tensors of every image to fill (data with labels only).
+        """
+        recorder = self.scoring.recorder(images) if self.scoring.label_free else None
+        sums = MetricSums() if self.scoring.labelled else None
+        count = 0
+        with torch.inference_mode(), tqdm(total=images, desc="dense", unit="img", disable=self.progress_disabled(),
+                                          leave=False) as bar:  # fmt: skip
+            for batch, labels, index in batches:
+                logits = self.model(batch)
+                if sums is not None:
+                    sums.add(logits, labels)
+                if sums is not None and per_image is not None:
+                    for key, values in per_sample(logits, labels).items():
+                        per_image[key][index] = values
+                if recorder is not None:
+                    recorder.add(logits, index)
+                count += len(index)
+                bar.update(len(index))
+        if recorder is not None:
+            self.dense = recorder.result()
+        return self.scoring.baseline(self.dense, sums, count)
+
+    def evaluate_model(self, model: nn.Module) -> Metrics:
+        """The metrics of ``model`` (the network or a variant of it): the data's evaluator, or for a label-free
+        metric one pass over the batches comparing each image with the dense output kept for it."""
+        if not self.scoring.label_free:
+            return self.data.evaluate(model)
+        assert self.data.batches is not None  # checked by check_scoring
+        sums = self.scoring.sums(self.dense)
+        total = image_count(self.data.batches)
+        with torch.inference_mode(), tqdm(total=total, desc="eval", unit="img", disable=self.progress_disabled(),
+                                          leave=False) as bar:  # fmt: skip
+            for images, labels, index in indexed_batches(self.data.batches, self.device):
+                sums.add(model(images), labels, index)
+                bar.update(len(index))
+        return sums.metrics()
 
     def progress_disabled(self) -> bool:
         """Whether progress bars are hidden (as the settings say, or when stderr is not a terminal)."""
@@ -225,11 +291,11 @@ class SensitivityEngine:
         calibration = self.data.calibration or ()
         if prepared.mode in ("mask", "element"):
             with zeroed(self.slices(prepared, ratio)), reestimated(self.model, prepared.batchnorms, calibration):
-                return self.data.evaluate(self.model)
+                return self.evaluate_model(self.model)
         channels = prepared.removal[ratio]
         copy = pruned_copy(self.model, prepared.param.module_name, channels, self.data.example_input).to(self.device)
         reestimate(copy, layers_in_copy(self.model, copy, prepared.batchnorms), calibration)
-        return self.data.evaluate(copy)
+        return self.evaluate_model(copy)
 
     def record(
         self,
@@ -325,3 +391,22 @@ class SensitivityEngine:
         state.report.skipped[param.name] = reason
         self.store.mark_unprunable(param.name, reason)
         state.bar.update(len(ratios))
+
+
+def check_scoring(scoring: Scoring, batches: bool) -> None:
+    """Refuse a metric the data cannot give: a label-free one without batches (an eval function returns one number,
+    not per-image outputs), or a labelled one on data without labels.
+
+    Raises:
+        UserError: Naming the metric and what to change.
+    """
+    if scoring.label_free and not batches:
+        raise UserError(
+            f"SensitivityAnalysis.metric {scoring.metric} compares each image with the unpruned model's output on it, "
+            "so it needs the evaluation data as batches of (images, labels), not an eval function."
+        )
+    if not scoring.labelled and scoring.metric not in LABEL_FREE_METRICS:
+        raise UserError(
+            f"SensitivityAnalysis.metric {scoring.metric} needs labels and the evaluation data has none "
+            "(Global.labels: none); use SensitivityAnalysis.metric: agreement or kl."
+        )

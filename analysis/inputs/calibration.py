@@ -1,12 +1,13 @@
 """Calibration images (the ``Global.calib_*`` keys) for BatchNorm re-estimation of pruned networks.
 
 Calibration images are training images on which the running statistics of BatchNorm layers are re-estimated after
-pruning; their labels only serve class-balanced subsetting. They come from ``Global.calib_list`` (a PaddleSlim list
-file or an ImageFolder root; relative paths are read from ``Global.data_dir``, like ``Global.val_list``) or, when it
-is unset, from ``train_list.txt`` beside the evaluation list (PaddleSlim's ImageNet reader) or from
-``data_dir/train/<class>/`` (torchvision's ImageFolder). A seeded, class-balanced subset of ``Global.calib_samples``
-images is decoded once into RAM, so that a broken image fails before any analysis output is written and the many
-re-estimation passes (one per evaluated variant) never decode again.
+pruning; their labels only serve class-balanced subsetting, so a list line may be a path alone (whatever
+``Global.labels`` says: unlabelled images are subset as one group). They come from ``Global.calib_list`` (a
+PaddleSlim list file or an ImageFolder root; relative paths are read from ``Global.data_dir``, like
+``Global.val_list``) or, when it is unset, from ``train_list.txt`` beside the evaluation list (PaddleSlim's ImageNet
+reader) or from ``data_dir/train/<class>/`` (torchvision's ImageFolder). A seeded, class-balanced subset of
+``Global.calib_samples`` images is decoded once into RAM, so that a broken image fails before any analysis output is
+written and the many re-estimation passes (one per evaluated variant) never decode again.
 
 Calibrating on evaluation images makes re-estimated numbers optimistic: a set found by default that shares images
 with the evaluation set is refused, a set named in ``Global.calib_list`` is used with a warning.
@@ -151,7 +152,8 @@ def resolve_calibration(cfg: GlobalConfig) -> CalibrationSource | None:
 def read_calibration_samples(source: CalibrationSource, data_dir: str | Path) -> list[Sample]:
     """Every image of ``source`` in a deterministic order (list order, or sorted classes and files).
 
-    List paths are relative to ``data_dir`` (the PaddleSlim convention, as for ``Global.val_list``). Each sample's
+    List paths are relative to ``data_dir`` (the PaddleSlim convention, as for ``Global.val_list``); labels are
+    optional, since re-estimation never reads them. Each sample's
     ``source`` says it is a calibration image, so that later messages (missing or undecodable image) say so too.
 
     Raises:
@@ -161,10 +163,11 @@ def read_calibration_samples(source: CalibrationSource, data_dir: str | Path) ->
     where = "Global.calib_list" if source.explicit else f"The default calibration {source.kind}"
     instead = "" if source.explicit else ", or name other training images in Global.calib_list"
     if source.kind == "list":
-        samples = read_sample_list(Path(data_dir), source.path, key=where)
+        samples = read_sample_list(Path(data_dir), source.path, key=where, require_labels=False)
         if not samples:
             raise DataError(
-                f"{where} {source.path} lists no images; add '<relative/path> <integer label>' lines{instead}."
+                f"{where} {source.path} lists no images; add '<relative/path>' lines (a label after the path is "
+                f"optional){instead}."
             )
         prefix = "calibration list"
     else:

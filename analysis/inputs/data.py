@@ -5,6 +5,9 @@ Layouts (detected in this order):
 * PaddleSlim: ``data_dir/val_list.txt`` with lines ``relative/path.JPEG <label>`` (paths relative to data_dir).
 * torchvision ImageFolder: ``data_dir/val/<class>/<image>``, classes sorted by name (torchvision's own rules).
 
+With ``Global.labels: none`` a list line may be a path alone, and every label (listed, or an ImageFolder class) is
+dropped: each sample's label is then :data:`UNLABELLED` and only the label-free metrics can be measured.
+
 Each image is decoded with Pillow, its short side resized to ``resize_size``, center-cropped to ``img_size`` and
 kept as uint8 CHW; batches are normalised on the target device. This is exactly the eval preset torchvision's
 reference scripts use for its pretrained weights, and uint8 batches keep host-to-device copies four times smaller.
@@ -48,9 +51,14 @@ INTERPOLATION_MODES = {
 }
 
 
+UNLABELLED = -1
+"""The label of an image whose label is unknown (``Global.labels: none``, or a calibration line without one)."""
+
+
 @dataclass(frozen=True)
 class Sample:
-    """One evaluation image: its file, its label, and where it was listed (for error messages)."""
+    """One evaluation image: its file, its label (:data:`UNLABELLED` when unknown), and where it was listed (for
+    error messages)."""
 
     path: str
     label: int
@@ -99,8 +107,11 @@ def _rgb(values: Sequence[float]) -> tuple[float, float, float]:
     return red, green, blue
 
 
-def find_samples(data_dir: str | Path, val_list: str = "val_list.txt") -> tuple[list[Sample], str]:
-    """List the evaluation samples of ``data_dir`` in a deterministic order.
+def find_samples(
+    data_dir: str | Path, val_list: str = "val_list.txt", labelled: bool = True
+) -> tuple[list[Sample], str]:
+    """List the evaluation samples of ``data_dir`` in a deterministic order; without ``labelled`` list lines may be
+    paths alone and every sample's label is :data:`UNLABELLED`.
 
     Returns:
         The samples and a short description of the layout that was found.
@@ -114,7 +125,7 @@ def find_samples(data_dir: str | Path, val_list: str = "val_list.txt") -> tuple[
         raise DataError(f"Global.data_dir {printable(root)} does not exist or is not a folder.")
     list_path = Path(val_list) if Path(val_list).is_absolute() else root / val_list
     if list_path.is_file():
-        samples = read_sample_list(root, list_path)
+        samples = read_sample_list(root, list_path, require_labels=labelled)
         layout = f"PaddleSlim list {list_path}"
     elif (root / "val").is_dir() and has_subfolders(root / "val"):
         samples = scan_image_folder(root / "val")
@@ -128,15 +139,21 @@ def find_samples(data_dir: str | Path, val_list: str = "val_list.txt") -> tuple[
     if not samples:
         raise DataError(f"No images found in {printable(layout)}; check Global.data_dir and Global.val_list.")
     check_files_exist(samples)
+    if not labelled:
+        samples = [dataclasses.replace(sample, label=UNLABELLED) for sample in samples]
+        layout += " (labels ignored: Global.labels is none)"
     return samples, layout
 
 
-def read_sample_list(root: Path, list_path: Path, key: str = "Global.val_list") -> list[Sample]:
+def read_sample_list(
+    root: Path, list_path: Path, key: str = "Global.val_list", require_labels: bool = True
+) -> list[Sample]:
     """Parse a PaddleSlim list file (``relative/path label`` lines, paths relative to ``root``) in file order.
 
     Blank lines and ``#`` comments are skipped; ``key`` names the list in the message when it cannot be read. Messages
     and each sample's ``source`` show the file's name and the list's text with line breaks and control characters
-    escaped, so that they stay one line.
+    escaped, so that they stay one line. Without ``require_labels`` a line may also be a path alone (its label is
+    :data:`UNLABELLED`); a last word that is not an integer is then part of the path.
 
     Raises:
         DataError: If the file cannot be read as UTF-8 text or a line is malformed (naming the file and line).
@@ -163,6 +180,9 @@ def read_sample_list(root: Path, list_path: Path, key: str = "Global.val_list") 
             continue
         parts = text.rsplit(maxsplit=1)
         where = f"{shown} line {number}"
+        if not require_labels:
+            samples.append(_optionally_labelled(root, text, where))
+            continue
         if len(parts) != 2:
             raise DataError(
                 f"{where}: '{printable(text)}' has no label; each line must be '<relative/path> <integer label>'."
@@ -176,6 +196,17 @@ def read_sample_list(root: Path, list_path: Path, key: str = "Global.val_list") 
             ) from None
         samples.append(Sample(str(root / parts[0]), label, where))
     return samples
+
+
+def _optionally_labelled(root: Path, text: str, where: str) -> Sample:
+    """A list line that is ``<path> <integer label>`` or a path alone (which may contain spaces)."""
+    parts = text.rsplit(maxsplit=1)
+    if len(parts) == 2:
+        try:
+            return Sample(str(root / parts[0]), int(parts[1]), where)
+        except ValueError:
+            pass
+    return Sample(str(root / text), UNLABELLED, where)
 
 
 def scan_image_folder(folder: Path) -> list[Sample]:
@@ -402,6 +433,7 @@ class EvalLoader:
         samples: The evaluated samples, in order.
         layout: Human-readable description of where they came from.
         num_classes: ``max(label) + 1`` over the samples.
+        labelled: Whether the labels are real (False: every label is :data:`UNLABELLED`, ``Global.labels: none``).
     """
 
     def __init__(
@@ -412,9 +444,11 @@ class EvalLoader:
         batch_size: int,
         num_workers: int,
         device: torch.device,
+        labelled: bool = True,
     ) -> None:
         self.samples = list(samples)
         self.layout = layout
+        self.labelled = labelled
         self.preprocess = preprocess
         self.device = device
         self.num_classes = max(s.label for s in self.samples) + 1
@@ -514,7 +548,9 @@ class EvalLoader:
         indices = subset_indices(self.samples, max_samples, seed)
         chosen = [self.samples[i] for i in indices]
         layout = f"{self.layout} (class-balanced subset of {len(chosen)}, seed {seed})"
-        subset = EvalLoader(chosen, layout, self.preprocess, self.batch_size, self.num_workers, self.device)
+        subset = EvalLoader(
+            chosen, layout, self.preprocess, self.batch_size, self.num_workers, self.device, self.labelled
+        )
         if self.cached is not None:
             index = torch.as_tensor(indices, dtype=torch.long)
             subset.cached = (self.cached[0][index], self.cached[1][index])
@@ -529,7 +565,10 @@ class EvalLoader:
         return json_fingerprint({"samples": relative, "preprocess": self.preprocess.identity()})
 
     def check_labels(self, num_outputs: int) -> None:
-        """Raise a :class:`DataError` naming the first label that the model's outputs cannot represent."""
+        """Raise a :class:`DataError` naming the first label that the model's outputs cannot represent (nothing to
+        check without labels)."""
+        if not self.labelled:
+            return
         for sample in self.samples:
             if not 0 <= sample.label < num_outputs:
                 raise DataError(
@@ -551,13 +590,15 @@ def default_num_workers() -> int:
 def build_eval_loader(cfg: GlobalConfig, device: torch.device) -> EvalLoader:
     """Build the evaluation loader described by the ``Global`` block."""
     assert cfg.data_dir is not None
-    samples, layout = find_samples(cfg.data_dir, cfg.val_list)
+    labelled = cfg.labels != "none"
+    samples, layout = find_samples(cfg.data_dir, cfg.val_list, labelled)
     total = len(samples)
     samples = select_subset(samples, cfg.max_samples, cfg.seed)
     if len(samples) < total:
-        layout += f" (class-balanced subset of {len(samples)}/{total}, seed {cfg.seed})"
+        kind = "class-balanced subset" if labelled else "random subset"
+        layout += f" ({kind} of {len(samples)}/{total}, seed {cfg.seed})"
     workers = default_num_workers() if cfg.num_workers is None else cfg.num_workers
-    return EvalLoader(samples, layout, Preprocess.from_config(cfg), cfg.batch_size, workers, device)
+    return EvalLoader(samples, layout, Preprocess.from_config(cfg), cfg.batch_size, workers, device, labelled)
 
 
 def available_memory_bytes() -> int:

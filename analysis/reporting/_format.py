@@ -31,4 +31,12 @@ def count(value: float | None) -> str:
 
 def loss_difference(metric: str) -> str:
     """What a loss subtracts, worse when positive: ``baseline top1 - pruned top1`` (``pruned ce - baseline ce``)."""
-    return f"pruned {metric} - baseline {metric}" if metric == "ce" else f"baseline {metric} - pruned {metric}"
+    lower_is_better = metric in ("ce", "kl")
+    return f"pruned {metric} - baseline {metric}" if lower_is_better else f"baseline {metric} - pruned {metric}"
+
+
+LABEL_FREE_LOSSES = {
+    "agreement": "1 - agreement: the share of images whose top-1 class differs from the unpruned model's",
+    "kl": "mean KL(p_unpruned || p_pruned) in nats over the images",
+}
+"""The loss of each label-free metric, the same in both metric modes (the unpruned model's baseline is 1 and 0)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from analysis.engine.run import AnalysisOutcome
-from analysis.reporting._format import loss_difference
+from analysis.reporting._format import LABEL_FREE_LOSSES, loss_difference
 
 
 def format_table(outcome: AnalysisOutcome, ratios: Sequence[float], metric: str, metric_mode: str) -> str:
@@ -30,11 +30,12 @@ def format_table(outcome: AnalysisOutcome, ratios: Sequence[float], metric: str,
         rows.append(cells)
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     align = ["<", "<", ">"] + [">"] * (len(header) - 3)
-    loss = (
-        f"absolute {metric} loss ({loss_difference(metric)})"
-        if metric_mode == "absolute"
-        else f"relative {metric} loss"
-    )
+    if metric in LABEL_FREE_LOSSES:
+        loss = f"{metric} loss ({LABEL_FREE_LOSSES[metric]})"
+    elif metric_mode == "absolute":
+        loss = f"absolute {metric} loss ({loss_difference(metric)})"
+    else:
+        loss = f"relative {metric} loss"
     lines = [f"{loss} per pruned ratio ('group' = layers whose channels go with the conv's):"]
     if outcome.early_stopped:
         lines[0] += " ('stop' = skipped after an early stop)"

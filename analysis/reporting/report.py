@@ -31,7 +31,7 @@ from analysis.io.sidecar import (
     VariantRecord,
 )
 from analysis.planning.ratios import explain_target_loss, get_ratios_by_loss
-from analysis.reporting._format import count, fixed, loss_difference, percent
+from analysis.reporting._format import LABEL_FREE_LOSSES, count, fixed, loss_difference, percent
 from analysis.reporting.plots import (
     LINES_PER_PANEL,
     analysed_ratios,
@@ -94,6 +94,8 @@ def loss_label(sidecar: Sidecar | None) -> str:
     settings = _settings(sidecar)
     if settings.metric is None:
         return "loss"
+    if settings.metric in LABEL_FREE_LOSSES:  # the same number in both modes
+        return f"{settings.metric} loss"
     mode = settings.metric_mode
     return f"{mode} {settings.metric} loss" if mode is not None else f"{settings.metric} loss"
 
@@ -219,6 +221,8 @@ def _loss_definition(sidecar: Sidecar | None, label: str) -> str:
     metric = settings.metric
     if metric is None:
         return "as stored in the analysis file (no sidecar says which metric); positive means worse"
+    if metric in LABEL_FREE_LOSSES:
+        return f"{metric} loss = {LABEL_FREE_LOSSES[metric]}; positive means worse"
     worse = loss_difference(metric)
     if settings.metric_mode == "absolute":
         return f"{label} = {worse}; positive means worse"
