@@ -3,6 +3,8 @@ value)."""
 
 from __future__ import annotations
 
+from analysis.engine.loss import LOWER_IS_BETTER
+
 
 def fixed(value: float | None, spec: str = ".4f") -> str:
     """``value`` formatted with ``spec`` (``0.9867``)."""
@@ -31,8 +33,9 @@ def count(value: float | None) -> str:
 
 def loss_difference(metric: str) -> str:
     """What a loss subtracts, worse when positive: ``baseline top1 - pruned top1`` (``pruned ce - baseline ce``)."""
-    lower_is_better = metric in ("ce", "kl")
-    return f"pruned {metric} - baseline {metric}" if lower_is_better else f"baseline {metric} - pruned {metric}"
+    if metric in LOWER_IS_BETTER:
+        return f"pruned {metric} - baseline {metric}"
+    return f"baseline {metric} - pruned {metric}"
 
 
 LABEL_FREE_LOSSES = {
