@@ -50,6 +50,8 @@ DATA_CACHE_MODES = ("auto", "ram", "off")
 ENGINES = ("fast", "reference")
 METRIC_MODES = ("relative", "absolute")
 GRANULARITIES = ("filter", "element")
+UNIT_KINDS = ("conv", "linear", "heads")
+"""Kinds of prunable unit: conv filters (Conv1d/2d/3d), Linear neurons, attention heads."""
 PLAN_METHODS = ("knapsack", "measured")
 RATIO_DECIMALS = 6
 
@@ -123,6 +125,7 @@ class SensitivityConfig:
     engine: str = "fast"
     precision: float | None = None
     granularity: str = "filter"
+    units: list[str] | None = None
     early_stop_mode: str | None = None
     early_stop_value: float | None = None
     adaptive_bn: bool = False
@@ -273,6 +276,8 @@ def validate(config: Config) -> None:
             raise ConfigError(f"SensitivityAnalysis.precision must be between 0 and 1 (e.g. 0.002), got {s.precision}.")
         if s.engine != "fast":
             raise ConfigError("SensitivityAnalysis.precision needs SensitivityAnalysis.engine: fast.")
+    if s.units is not None:
+        check_units(s.units, "SensitivityAnalysis.units")
     if s.early_stop_mode is not None:
         check_choice("SensitivityAnalysis.early_stop_mode", s.early_stop_mode, EARLY_STOP_MODES)
     early_stop_from(s.early_stop_mode, s.early_stop_value, "SensitivityAnalysis.early_stop_mode")
@@ -375,6 +380,20 @@ def validate_calibration(g: GlobalConfig) -> None:
         raise ConfigError(
             "Global.calib_list is empty; name a list file or a folder of class folders, or leave it unset."
         )
+
+
+def check_units(units: Sequence[str], key: str) -> None:
+    """A non-empty list of distinct unit kinds (:data:`UNIT_KINDS`).
+
+    Raises:
+        ConfigError: Naming ``key``: an empty list, a repeated or an unknown kind.
+    """
+    if not units:
+        raise ConfigError(f"{key} must list at least one of {', '.join(UNIT_KINDS)} (leave it out for all of them).")
+    for kind in units:
+        check_choice(f"{key}", kind, UNIT_KINDS)
+    if len(set(units)) != len(units):
+        raise ConfigError(f"{key} lists a kind twice: {list(units)}.")
 
 
 def check_choice(key: str, value: str, allowed: Sequence[str]) -> None:

@@ -241,10 +241,10 @@ def existing_file(kind: str, tmp_path: Path) -> bytes:
     ("arch", "analysis", "existing", "pattern"),
     [
         ("slow_cnn", {"prune_params_name": ["features.3.weigth"]}, None,
-         r"prune_params_name: 'features\.3\.weigth' is not a conv weight .*did you mean 'features\.3\.weight'"),
+         r"prune_params_name: 'features\.3\.weigth' is not a unit of this model .*did you mean 'features\.3\.weight'"),
         ("depthwise_cnn", {"prune_params_name": ["3.weight"]}, None,
          r"prune_params_name: '3\.weight' cannot be pruned: depthwise conv"),
-        ("slow_cnn", {"skip_params": ["features.9.weight"]}, None, r"skip_params: 'features\.9\.weight' is not a conv"),
+        ("slow_cnn", {"skip_params": ["features.9.weight"]}, None, r"skip_params: 'features\.9\.weight' is not a unit"),
         ("slow_cnn", {}, "garbage", r"s\.pkl is not a pickle or is damaged"),
         ("slow_cnn", {}, "code", r"s\.pkl holds code or unexpected types \(pathlib\.Path\.touch\)"),
         ("constant_logits", {}, None, r"baseline top1 is 0, so a relative loss is undefined .*metric_mode: absolute"),

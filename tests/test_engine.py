@@ -150,7 +150,7 @@ def test_api_rejects_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"example_input is required"):
         analysis_prune(model, lambda m: 1.0, tmp_path / "s.pkl")
     with pytest.raises(
-        ConfigError, match=r"prune_params: 'features.3.weigth' is not a conv weight .*'features.3.weight'"
+        ConfigError, match=r"prune_params: 'features.3.weigth' is not a unit of this model .*'features.3.weight'"
     ):
         analysis_prune(model, data, tmp_path / "s.pkl", prune_params=["features.3.weigth"])
     assert not (tmp_path / "s.pkl").exists()

@@ -120,10 +120,14 @@ def resnet18_forward_order() -> list[str]:
 
 
 def test_resnet18_has_20_prunable_convs_in_forward_order() -> None:
-    params = find_prunable(torchvision_model("resnet18"), torch.randn(IMAGE))
+    units = find_prunable(torchvision_model("resnet18"), torch.randn(IMAGE))
+    params = [p for p in units if p.kind == "conv"]
     assert [p.name for p in params] == resnet18_forward_order()
     assert len(params) == 20
     assert all(p.prunable for p in params)
+    assert units[-1].name == "fc.weight" and units[-1].kind == "linear"  # the classifier is listed, with its reason
+    assert units[-1].reason == "coupled to the model output (fc)"
+    assert len(units) == 21
     assert params[0].name == "conv1.weight"
     assert params[0].module_name == "conv1"
     assert params[0].shape == (64, 3, 7, 7)
@@ -152,7 +156,7 @@ def test_resnet18_coupled_params_are_the_residual_partners() -> None:
 
 
 def test_resnet18_bn_name_is_the_batchnorm_after_each_conv() -> None:
-    params = find_prunable(torchvision_model("resnet18"), torch.randn(IMAGE))
+    params = [p for p in find_prunable(torchvision_model("resnet18"), torch.randn(IMAGE)) if p.kind == "conv"]
     assert len(params) == 20  # the stem, 16 convs in the basic blocks, 3 downsample convs
     for param in params:
         module = param.module_name
@@ -179,10 +183,11 @@ def test_mobilenet_v2_depthwise_convs_are_unprunable() -> None:
         if isinstance(m, nn.Conv2d) and m.groups == m.in_channels == m.out_channels > 1
     }
     assert len(depthwise) == 17
-    unprunable = {p.name: p.reason for p in params if not p.prunable}
+    unprunable = {p.name: p.reason for p in params if not p.prunable and p.kind == "conv"}
     assert set(unprunable) == depthwise
     assert all("depthwise" in reason for reason in unprunable.values())
-    assert len(params) == 52
+    assert len(params) == 53  # 52 convs and the classifier
+    assert by_name(params)["classifier.1.weight"].reason == "coupled to the model output (classifier.1)"
     first_block = by_name(params)["features.0.0.weight"]  # the stem feeds the first depthwise conv
     assert "features.1.conv.0.0 (Conv2d, out)" in first_block.members
     assert "features.1.conv.0.1 (BatchNorm2d, out)" in first_block.members
@@ -208,11 +213,12 @@ def test_conv_joined_to_the_output_by_an_add_is_unprunable() -> None:
 def test_conv_never_called_is_unprunable_and_listed_last() -> None:
     model = WithUnusedConv().eval()
     params = find_prunable(model, torch.randn(TINY_IMAGE))
-    assert [p.name for p in params] == ["conv.weight", "spare.weight"]
+    assert [p.name for p in params] == ["conv.weight", "fc.weight", "spare.weight"]
     assert params[0].prunable
-    assert params[1].reason == "not used by the forward pass"
-    assert params[1].shape == (8, 3, 3, 3)
-    assert conv_execution_order(model, torch.randn(TINY_IMAGE)) == ["conv"]
+    assert params[2].reason == "not used by the forward pass"
+    assert params[2].shape == (8, 3, 3, 3)
+    assert conv_execution_order(model, torch.randn(TINY_IMAGE)) == ["conv", "fc"]
+    assert conv_execution_order(model, torch.randn(TINY_IMAGE), (nn.Conv2d,)) == ["conv"]
 
 
 def test_conv_with_one_output_channel_is_unprunable() -> None:
@@ -309,6 +315,7 @@ def test_tiny_nets_coupling() -> None:
         "layer2.downsample.0.weight",
         "layer2.conv1.weight",
         "layer2.conv2.weight",
+        "fc.weight",
     ]
     assert resnet["conv1.weight"].coupled_params == ["layer1.conv2.weight"]
     assert resnet["layer2.conv2.weight"].coupled_params == ["layer2.downsample.0.weight"]
@@ -325,7 +332,8 @@ def test_tiny_nets_coupling() -> None:
     assert "se.reduce (Conv2d, in)" in se["stem.0.weight"].members
 
     dense = by_name(find_prunable(tiny_densenet().eval(), example))
-    assert all(p.prunable and p.coupled_params == [] for p in dense.values())  # a concat couples nothing
+    assert all(p.prunable and not p.coupled_params for p in dense.values() if p.kind == "conv")  # concat couples none
+    assert dense["fc.weight"].reason == "coupled to the model output (fc)"
 
     grouped = by_name(find_prunable(tiny_grouped().eval(), example))
     assert grouped["reduce.weight"].conv_blocks == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]

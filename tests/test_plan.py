@@ -91,7 +91,7 @@ def test_plan_from_ratios_applies_each_group_once(tmp_path: Path) -> None:
                                                    "layer2.conv1.weight": 0.5})  # fmt: skip
     assert [(g.ranking_param, len(g.removed)) for g in plan.groups] == [("conv1.weight", 2),
                                                                         ("layer2.conv1.weight", 8)]  # fmt: skip
-    with pytest.raises(UserError, match=r"'fc\.weight' is not a prunable conv weight"):
+    with pytest.raises(UserError, match=r"'fc\.weight' is not a prunable unit of this model: coupled to the model"):
         plan_from_ratios(model, example, path, {"fc.weight": 0.5})
 
 

@@ -383,7 +383,7 @@ def test_a_generated_sidecar_round_trips_and_matches_the_pickle(tmp_path: Path) 
     sidecar = schema.load(path)
     assert sidecar is not None and schema.dump(sidecar) == text
     losses = load_sensitivities(path)
-    assert losses and sidecar.model_order == ["0.weight", "3.weight"]
+    assert losses and sidecar.model_order == ["0.weight", "3.weight", "8.weight"]  # the classifier, with its reason
     for name, curve in losses.items():
         for ratio, loss in curve.items():
             variant = sidecar.variant(name, ratio)

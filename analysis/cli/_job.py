@@ -59,7 +59,7 @@ def run_job(
         data,
         analysis_file or (shard.path(s.analysis_file) if shard else s.analysis_file),
         settings,
-        selection=Selection(prune_params=s.prune_params_name, skip_params=s.skip_params, shard=shard),
+        selection=Selection(prune_params=s.prune_params_name, skip_params=s.skip_params, shard=shard, units=s.units),
         target_loss=None if shard or baseline_only else s.target_loss,
         config=_config_record(config, inputs),
         overwrite=overwrite,

@@ -188,6 +188,7 @@ class SensitivityAnalysis:
                 selection=Selection(
                     prune_params=[f"{name}.weight" for name in layers] if specified else None,
                     names_key="specified_layers",
+                    units=None if self.element else ("conv",),  # NNI's targets: convs (every 2D/4D weight by level)
                 ),
                 config={"api": "SensitivityAnalysis", "prune_type": self.prune_type, "sparsities": self.sparsities},
                 baseline={"score": self.ori_metric},

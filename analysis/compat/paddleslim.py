@@ -19,6 +19,7 @@ from analysis.config import (
     SensitivityConfig,
     check_choice,
     check_granularity,
+    check_units,
     normalise_ratios,
 )
 from analysis.engine._early_stop import early_stop_from
@@ -59,8 +60,10 @@ def analysis_prune(
     round_to: int = 1,
     adaptive_bn: bool = False,
     calibration: Batches | None = None,
+    units: Sequence[str] | None = None,
 ) -> dict[str, float]:
-    """Filter-pruning sensitivity of every prunable conv of ``model``; writes the same files as ``run.py``.
+    """Filter-pruning sensitivity of every prunable conv of ``model`` (and, by ``units``, of its Linear neurons and
+    attention heads); writes the same files as ``run.py``.
 
     Args:
         model: The classifier, analysed in eval mode on the device its parameters are on; its weights and its
@@ -92,6 +95,9 @@ def analysis_prune(
             each variant (EagleEye's adaptive BN).
         calibration: Batches of calibration images (``(images, labels)``, labels unused), e.g. training images;
             needed by ``adaptive_bn``.
+        units: The kinds of unit analysed: ``conv`` (filters), ``linear`` (neurons of Linear layers not producing
+            the logits), ``heads`` (attention heads, named ``<module>.heads``). Default: ``conv`` only, as
+            PaddleSlim (with ``granularity: element``, every 2D/4D weight).
 
     Returns:
         ``{param name: ratio}`` derived with ``target_loss`` (PaddleSlim's rule), or ``{}`` without one.
@@ -105,6 +111,10 @@ def analysis_prune(
     check_choice("metric_mode", metric_mode, METRIC_MODES)
     check_choice("engine", engine, ENGINES)
     check_granularity(granularity, criterion)
+    if units is not None:
+        check_units(units, "units")
+    elif granularity == "filter":
+        units = ("conv",)
     early_stop = early_stop_from(early_stop_mode, early_stop_value)
     if not isinstance(round_to, int) or round_to < 1:
         raise ConfigError(f"round_to must be a positive integer (1 = no rounding), got {round_to!r}.")
@@ -158,7 +168,9 @@ def analysis_prune(
         analysis_data,
         analysis_file,
         settings,
-        selection=Selection(prune_params=prune_params, names_key="prune_params", skip_key="skip_params"),
+        selection=Selection(
+            prune_params=prune_params, names_key="prune_params", skip_key="skip_params", units=units, units_key="units"
+        ),
         target_loss=target_loss,
         config={"api": "analysis_prune", "pruned_ratios": ratios, "criterion": criterion, "metric": metric},
         overwrite=overwrite,

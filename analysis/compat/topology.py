@@ -262,4 +262,5 @@ def not_safe_to_prune(model: nn.Module, example_input: torch.Tensor) -> dict[str
 
     NNI 2.10's ``not_safe_to_prune`` returns a list of names; iterating this dict gives names as well.
     """
-    return {param.module_name: param.reason for param in find_prunable(model, example_input) if param.reason}
+    params = find_prunable(model, example_input)
+    return {param.module_name: param.reason for param in params if param.reason and param.kind == "conv"}

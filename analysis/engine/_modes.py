@@ -51,8 +51,7 @@ class MaskCheck:
     ) -> ModeCheck:
         """Masking is used only when it agrees with physical pruning at ``channels``; with ``batchnorms`` (adaptive
         BN: the layers a variant re-estimates) they must also agree after both re-estimate those statistics."""
-        conv = self.model.get_submodule(param.module_name)
-        assert isinstance(conv, nn.Conv2d)
+        root = self.model.get_submodule(param.module_name)
         try:
             copy = pruned_copy(self.model, param.module_name, channels, self.example_input)
             copy = copy.to(self.example_input.device)
@@ -62,7 +61,7 @@ class MaskCheck:
             logger.debug("Physical pruning of %s failed", param.name, exc_info=True)
             text = str(error).splitlines()[0][:200] if str(error) else ""
             return ModeCheck(None, f"{type(error).__name__}: {text}")
-        group = removal_group(self.graph, conv, channels)
+        group = removal_group(self.graph, root, channels)
         with masked(self.graph, group), torch.inference_mode():
             masked_logits = self.model(self.images)
         difference = float((masked_logits.float() - physical).abs().max())

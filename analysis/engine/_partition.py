@@ -10,6 +10,7 @@ so memory stays near that of a normal forward pass plus one suffix.
 from __future__ import annotations
 
 import functools
+import inspect
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -58,21 +59,35 @@ class Schedule:
     steps: list[tuple[fx.Node | None, list[SuffixPlan], list[fx.Node]]]
 
 
+def _optional_arguments(model: nn.Module) -> dict[str, Any]:
+    """The forward arguments after the first that have defaults (timm's ``attn_mask=None``), fixed at them so the
+    traced graph has one input, the images, as the model is called during the analysis."""
+    parameters = list(inspect.signature(model.forward).parameters.values())[1:]
+    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty and p.kind not in (
+        inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}  # fmt: skip
+
+
 class GraphRunner:
     """A model traced with torch.fx (sharing the model's modules and parameters) and run node by node."""
 
     def __init__(self, model: nn.Module) -> None:
         try:
-            self.module = fx.symbolic_trace(model)
+            self.module = fx.symbolic_trace(model, concrete_args=_optional_arguments(model))
         except Exception as error:  # tracing failures come in many types; all mean "not traceable"
             first_line = str(error).splitlines()[0] if str(error) else ""
             raise UntraceableModel(f"{type(error).__name__}: {first_line}") from error
         self.nodes: list[fx.Node] = list(self.module.graph.nodes)
         self.index = {node: i for i, node in enumerate(self.nodes)}
         self.output = next(node for node in self.nodes if node.op == "output")
-        if sum(node.op == "placeholder" for node in self.nodes) != 1:
+        inputs = [node for node in self.nodes if node.op == "placeholder"]
+        if not inputs or any(not node.args for node in inputs[1:]):
             raise UntraceableModel("the fast engine supports models with exactly one input")
+        self.images = inputs[0]  # the other placeholders are the fixed optional arguments, fed their defaults
         self.node_cost = dict.fromkeys(self.nodes, 1.0)
+
+    def _input(self, node: fx.Node, images: torch.Tensor) -> Any:
+        """The value of a placeholder: the images, or the default of an optional argument."""
+        return images if node is self.images else node.args[0]
 
     def plan(self, modules: Iterable[nn.Module], parameters: Iterable[torch.Tensor]) -> SuffixPlan | None:
         """The suffix of a group made of ``modules`` and bare ``parameters``; None if it does not reach the output."""
@@ -153,7 +168,7 @@ class GraphRunner:
         env: NodeValues = {}
         for node, ready, free in schedule.steps:
             if node is not None:
-                env[node] = inputs if node.op == "placeholder" else self.execute(node, env)
+                env[node] = self._input(node, inputs) if node.op == "placeholder" else self.execute(node, env)
             for plan in ready:
                 visit(plan, {f: env[f] for f in plan.frontier})
             for done in free:
@@ -213,7 +228,7 @@ class GraphRunner:
                 env: NodeValues = {}
                 for node in self.nodes:
                     start = time.perf_counter()
-                    env[node] = inputs if node.op == "placeholder" else self.execute(node, env)
+                    env[node] = self._input(node, inputs) if node.op == "placeholder" else self.execute(node, env)
                     sync()
                     best[node] = min(best[node], time.perf_counter() - start)
         self.node_cost = best

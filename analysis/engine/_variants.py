@@ -68,7 +68,6 @@ def variant_slices(model: nn.Module, graph: tp.DependencyGraph, prepared: Prepar
     if prepared.element_order is not None:
         weight = model.get_parameter(prepared.param.name)
         return element_slices(weight, prepared.element_order[: len(prepared.removal[ratio])])
-    assert isinstance(prepared.conv, nn.Conv2d)  # channel granularity: the layer is a conv
     return zeroed_slices(graph, removal_group(graph, prepared.conv, prepared.removal[ratio]))
 
 
@@ -78,6 +77,5 @@ def changed_layers(
     """The modules and bare parameters a variant of ``prepared`` changes (where the fast engine's suffix starts)."""
     if prepared.element_order is not None:
         return [prepared.conv], [model.get_parameter(prepared.param.name)]
-    assert isinstance(prepared.conv, nn.Conv2d)  # channel granularity: the layer is a conv
     members = [item.dep.target.module for item in full_group(graph, prepared.conv)]
     return [m for m in members if isinstance(m, nn.Module)], [m for m in members if isinstance(m, nn.Parameter)]

@@ -257,14 +257,8 @@ def recalibrate_copy(
     left in eval mode with the new statistics."""
     with eval_mode(model):
         graph = build_dependency_graph(model, example_input)
-        groups = [removal_group(graph, _conv(model, name), channels) for name, channels in removals if channels]
+        groups = [removal_group(graph, model.get_submodule(name), channels) for name, channels in removals if channels]
         names = batchnorm_names(model, affected_batchnorms(graph, groups))
     pruned.eval()  # every other BatchNorm keeps using its running statistics while the affected ones re-estimate
     images = reestimate(pruned, batchnorms_named(pruned, names), batches)
     return CalibrationStats(names, images)
-
-
-def _conv(model: nn.Module, name: str) -> nn.Conv2d:
-    conv = model.get_submodule(name)
-    assert isinstance(conv, nn.Conv2d)
-    return conv

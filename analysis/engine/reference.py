@@ -48,6 +48,9 @@ from analysis.structure.physical import pruned_copy
 
 logger = logging.getLogger(__name__)
 
+UNIT_NOUNS = {"conv": "channels", "linear": "neurons", "heads": "heads"}
+"""What a variant of each kind of unit removes, for the log."""
+
 
 @dataclass
 class EngineReport:
@@ -121,7 +124,7 @@ class SensitivityEngine:
             if params:
                 logger.info("Nothing to evaluate: every (param, ratio) is already in %s.", self.store.path)
             return report
-        logger.info("Evaluating %d variant(s) of %d conv weight(s).", total, sum(bool(v) for v in pending.values()))
+        logger.info("Evaluating %d variant(s) of %d unit(s).", total, sum(bool(v) for v in pending.values()))
         with (
             logging_redirect_tqdm(loggers=[logging.getLogger("analysis")]),
             tqdm(total=total, desc="sensitivity", unit="variant", disable=self.progress_disabled(),
@@ -237,12 +240,15 @@ class SensitivityEngine:
             prepared = prepare_elements(self.model, param, ratios, self.check_input)
             prepared.batchnorms = self._affected(prepared.conv, element=True)
             facts = ParamRecord(
-                module=param.module_name, shape=list(param.shape), granularity="element", mode="element"
+                module=param.module_name,
+                kind=param.kind,
+                shape=list(param.shape),
+                granularity="element",
+                mode="element",
             )
             self.store.describe(param.name, facts)
             return prepared
-        conv = self.model.get_submodule(param.module_name)
-        assert isinstance(conv, nn.Conv2d)  # channel granularity: every param is a conv weight
+        conv = self.model.get_submodule(param.module_name)  # the unit's root: conv, linear or attention module
         try:
             scores = channel_scores(self.model, self.graph, param, *self._ranking)
         except ValueError as error:
@@ -265,6 +271,7 @@ class SensitivityEngine:
         assert isinstance(check.difference, float)  # a number once a mode was chosen
         facts = ParamRecord(
             module=param.module_name,
+            kind=param.kind,
             shape=list(param.shape),
             group=list(param.members),
             coupled_params=list(param.coupled_params),
@@ -330,7 +337,7 @@ class SensitivityEngine:
         count, total = len(prepared.removal[ratio]), prepared.size
         logger.info(
             "%s @ %g: removed %d/%d %s%s, %s=%.4f, loss=%+.4f (%.1f s)%s",
-            param.name, ratio, count, total, "weights" if prepared.element else "channels",
+            param.name, ratio, count, total, "weights" if prepared.element else UNIT_NOUNS[param.kind],
             " (physical)" if prepared.mode == "physical" else "", metric, metrics[metric], loss, seconds,
             f"; early stop ({rule.describe()}), larger ratios skipped" if rule is not None and stopped else "",
         )  # fmt: skip
@@ -372,11 +379,7 @@ class SensitivityEngine:
         downstream of the group's members whose remaining outputs change; for element-wise pruning, of the layer)."""
         if not self.settings.adaptive_bn:
             return []
-        if element:
-            sources = [module]
-        else:
-            assert isinstance(module, nn.Conv2d)  # channel granularity: the layer is a conv
-            sources = changed_sources(self.graph, full_group(self.graph, module))
+        sources = [module] if element else changed_sources(self.graph, full_group(self.graph, module))
         return downstream_batchnorms(self.graph, sources)
 
     def _sharing(self, param: PrunableParam) -> list[str]:

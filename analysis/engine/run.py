@@ -8,6 +8,7 @@ with a ``target_loss``, the ratios YAML.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import torch_pruning as tp
 from torch import nn
 
+from analysis.config import UNIT_KINDS
 from analysis.engine.fast import FastSensitivityEngine
 from analysis.engine.reference import EngineReport, SensitivityEngine
 from analysis.engine.settings import AnalysisData, EngineSettings
@@ -71,6 +73,8 @@ class Selection:
         names_key: How to name ``prune_params`` in error messages.
         skip_key: How to name ``skip_params`` in error messages.
         shard: Analyse only this deterministic share of the params (see :mod:`analysis.scale._shards`).
+        units: The kinds of unit analysed by default (``conv``, ``linear``, ``heads``; None: every kind).
+        units_key: How to name ``units`` in error messages.
     """
 
     prune_params: Sequence[str] | None = None
@@ -78,6 +82,8 @@ class Selection:
     names_key: str = "SensitivityAnalysis.prune_params_name"
     skip_key: str = "SensitivityAnalysis.skip_params"
     shard: ShardSpec | None = None
+    units: Sequence[str] | None = None
+    units_key: str = "SensitivityAnalysis.units"
 
 
 def run_analysis(
@@ -115,7 +121,13 @@ def run_analysis(
         element = settings.granularity == "element"
         params = element_params(model) if element else describe_convs(model, graph, order)
         analysed = select_params(
-            params, selection.prune_params, selection.skip_params, key=selection.names_key, skip_key=selection.skip_key
+            params,
+            selection.prune_params,
+            selection.skip_params,
+            key=selection.names_key,
+            skip_key=selection.skip_key,
+            units=selection.units,
+            units_key=selection.units_key,
         )
         if selection.shard is not None:
             per_module = CostModel(model, example_input).dense.per_module
@@ -132,8 +144,9 @@ def run_analysis(
             if param.reason:
                 store.mark_unprunable(param.name, param.reason)
         logger.info(
-            "%d conv weight(s): %d prunable, %d analysed; ratios %s; criterion %s.",
+            "%d unit(s) (%s): %d prunable, %d analysed; ratios %s; criterion %s.",
             len(params),
+            _count_kinds(params),
             sum(p.prunable for p in params),
             len(analysed),
             ", ".join(f"{r:g}" for r in settings.ratios),
@@ -166,3 +179,9 @@ def derive_ratios(outcome: AnalysisOutcome, target_loss: float, criterion: str, 
     outcome.ratios_file = ratios_path(outcome.analysis_file)
     order = [p.name for p in outcome.params]
     save_ratios_yaml(outcome.ratios_file, outcome.ratios, order, criterion, target_loss, granularity)
+
+
+def _count_kinds(params: Sequence[PrunableParam]) -> str:
+    """``"52 conv, 2 linear"``: how many units of each kind (in :data:`UNIT_KINDS` order)."""
+    counts = Counter(p.kind for p in params)
+    return ", ".join(f"{counts[kind]} {kind}" for kind in UNIT_KINDS if counts[kind]) or "none"

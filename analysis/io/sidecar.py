@@ -470,6 +470,7 @@ class ParamRecord(_Record):
     """Static facts about one analysed param and its measured variants (keyed by :func:`variant_key`)."""
 
     module: str | None = None
+    kind: str | None = None
     shape: list[int] | None = None
     group: list[str] | None = None
     coupled_params: list[str] | None = None

@@ -229,7 +229,6 @@ class JointEvaluator:
         runner, graph, model = self.runner, self.planner.graph, self.planner.model
         for key in self.groups:
             conv = model.get_submodule(self.planner.by_name[key].module_name)
-            assert isinstance(conv, nn.Conv2d)  # every planned group is rooted at a conv
             members = [item.dep.target.module for item in full_group(graph, conv)]
             plan = runner.plan([m for m in members if isinstance(m, nn.Module)],
                                [m for m in members if isinstance(m, nn.Parameter)])  # fmt: skip
@@ -263,7 +262,6 @@ class JointEvaluator:
         if pick not in self._groups:
             param, count = pick
             conv = self.planner.model.get_submodule(self.planner.by_name[param].module_name)
-            assert isinstance(conv, nn.Conv2d)  # every planned group is rooted at a conv
             self._groups[pick] = removal_group(self.planner.graph, conv, self.planner.removed(param, count))
         return self._groups[pick]
 

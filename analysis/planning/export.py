@@ -25,6 +25,7 @@ from analysis.errors import ModelError
 from analysis.inputs.device import model_device
 from analysis.inputs.models import PRIVATE_MODULE_PREFIX
 from analysis.io.atomic import atomic_write_bytes, atomic_write_text, writable_folder
+from analysis.structure.heads import PrunedMultiheadAttention, is_attention, with_heads
 
 MODEL_FILE = "pruned_model.pt"
 STATE_DICT_FILE = "pruned_state_dict.pt"
@@ -38,7 +39,11 @@ def layer_shapes(model: nn.Module) -> dict[str, dict[str, Any]]:
     """The size-defining attributes of every conv, linear and norm layer, by module name."""
     shapes: dict[str, dict[str, Any]] = {}
     for name, module in model.named_modules():
-        if isinstance(module, nn.modules.conv._ConvNd):
+        if isinstance(module, PrunedMultiheadAttention):
+            shapes[name] = {"type": "PrunedMultiheadAttention", **module.sizes()}
+        elif is_attention(module):
+            shapes[name] = {"type": type(module).__name__, "num_heads": module.num_heads}
+        elif isinstance(module, nn.modules.conv._ConvNd):
             shapes[name] = {"type": type(module).__name__, "in_channels": module.in_channels,
                             "out_channels": module.out_channels, "groups": module.groups}  # fmt: skip
         elif isinstance(module, nn.Linear):
@@ -111,7 +116,7 @@ def shrink_to(model: nn.Module, changed_layers: Mapping[str, Mapping[str, Any]])
             old = model.get_submodule(name)
         except AttributeError:
             raise ModelError(f"{CHANNELS_FILE} lists layer '{name}', which this model does not have.") from None
-        if type(old).__name__ != shape.get("type"):
+        if type(old).__name__ != shape.get("type") and not _replaced_attention(old, shape):
             raise ModelError(f"{CHANNELS_FILE}: layer '{name}' is a {shape.get('type')} there, a "
                              f"{type(old).__name__} in this model; build the model the plan was made for.")  # fmt: skip
         new = _resized(old, shape)
@@ -120,8 +125,18 @@ def shrink_to(model: nn.Module, changed_layers: Mapping[str, Mapping[str, Any]])
     return model
 
 
+def _replaced_attention(old: nn.Module, shape: Mapping[str, Any]) -> bool:
+    """A MultiheadAttention whose heads were removed is a :class:`PrunedMultiheadAttention` in the export."""
+    return isinstance(old, nn.MultiheadAttention) and shape.get("type") == "PrunedMultiheadAttention"
+
+
 def _resized(old: nn.Module, shape: Mapping[str, Any]) -> nn.Module:
     device = model_device(old)
+    if shape.get("type") == "PrunedMultiheadAttention":
+        sizes = {k: shape[k] for k in ("embed_dim", "num_heads", "head_dim", "bias", "batch_first", "dropout")}
+        return PrunedMultiheadAttention(**sizes).to(device)
+    if is_attention(old):
+        return with_heads(old, shape["num_heads"])  # its qkv/proj layers are listed and resized on their own
     if isinstance(old, nn.modules.conv._ConvNd):
         kwargs = {"stride": old.stride, "padding": old.padding, "dilation": old.dilation, "groups": shape["groups"],
                   "bias": old.bias is not None, "padding_mode": old.padding_mode}  # fmt: skip

@@ -236,7 +236,7 @@ def plan_from_ratios(
 
     Raises:
         AnalysisFileError: As :func:`build_plan`.
-        UserError: For a name that is not a prunable conv weight of the model, or a ratio outside [0, 1).
+        UserError: For a name that is not a prunable unit of the model, or a ratio outside [0, 1).
     """
     settings = _analysis_settings(model, analysis_file)
     sensitivities = load_sensitivities(analysis_file)
@@ -250,7 +250,7 @@ def plan_from_ratios(
             if param is None:
                 reasons = {p.name: p.reason for p in params if p.reason}
                 why = f": {reasons[name]}" if name in reasons else did_you_mean(name, planner.by_name)
-                raise UserError(f"ratios: '{name}' is not a prunable conv weight of this model{why}.")
+                raise UserError(f"ratios: '{name}' is not a prunable unit of this model{why}.")
             if not 0.0 <= ratio < 1.0:
                 raise UserError(f"ratios: {name} has ratio {ratio}; ratios must lie in [0, 1).")
             if param.name in decided:
@@ -395,7 +395,6 @@ class Planner:
         if pick not in self._deltas:
             param, count = pick
             conv = self.model.get_submodule(self.by_name[param].module_name)
-            assert isinstance(conv, nn.Conv2d)  # every planned group is rooted at a conv
             group = removal_group(self.graph, conv, self.removed(param, count))
             self._deltas[pick] = self.costs.shape_delta(self.graph, self.costs.removed_channels(self.graph, group))
         return self._deltas[pick]

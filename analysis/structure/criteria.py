@@ -14,7 +14,8 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
-from analysis.structure.groups import PrunableParam, full_group, is_out_channel_item
+from analysis.structure.groups import PrunableParam, full_group, is_out_channel_item, unit_kind
+from analysis.structure.heads import head_weights, is_attention
 
 Criterion = Callable[[torch.Tensor], torch.Tensor]
 
@@ -122,7 +123,11 @@ def channel_scores(
         ValueError: If the criterion cannot score this param (no BatchNorm for ``bn_scale``, unscored channels).
     """
     conv = model.get_submodule(param.module_name)
-    assert isinstance(conv, nn.Conv2d)
+    if is_attention(conv):
+        if criterion == "bn_scale":
+            raise ValueError(f"{param.name} is a set of attention heads, which have no BatchNorm")
+        return CRITERIA[criterion](head_weights(conv))  # each head's q/k/v rows and output columns; no group to mean
+    assert unit_kind(conv) is not None, f"{param.module_name} is not a unit root"
     if group_reduction == "self":
         if criterion == "bn_scale":
             if param.bn_name is None:
@@ -130,7 +135,9 @@ def channel_scores(
             batchnorm = model.get_submodule(param.bn_name)
             assert isinstance(batchnorm, nn.modules.batchnorm._BatchNorm)  # bn_name is only ever set to a BatchNorm
             return bn_scale(batchnorm.weight)
-        return CRITERIA[criterion](conv.weight)
+        weight = conv.weight
+        assert isinstance(weight, torch.Tensor)
+        return CRITERIA[criterion](weight)
     total = torch.zeros(param.channels, dtype=torch.float64)
     count = torch.zeros(param.channels, dtype=torch.float64)
     for item in full_group(graph, conv):
@@ -141,7 +148,7 @@ def channel_scores(
             if not isinstance(module, nn.modules.batchnorm._BatchNorm) or module.weight is None:
                 continue
             scores = bn_scale(module.weight)
-        elif isinstance(module, nn.Conv2d):
+        elif unit_kind(module) in ("conv", "linear"):
             scores = CRITERIA[criterion](module.weight)
         else:
             continue

@@ -27,7 +27,8 @@ def element_params(model: nn.Module) -> list[PrunableParam]:
             continue
         module_name = name.rpartition(".")[0]
         reason = None if weight.numel() > 1 else "has a single element"
-        params.append(PrunableParam(name, module_name, tuple(weight.shape), reason))
+        kind = "linear" if weight.dim() == 2 else "conv"
+        params.append(PrunableParam(name, module_name, tuple(weight.shape), reason, kind=kind))
     return params
 
 

@@ -4,10 +4,12 @@ Two counting conventions, named by ``mode`` and spelled out in :data:`CONVENTION
 which one it used:
 
 - ``"macs"`` (default): multiply-accumulates of ``nn.Conv1d/2d/3d``, ``nn.ConvTranspose1d/2d/3d`` and
-  ``nn.Linear`` modules only (grouped and depthwise convs included). A conv costs
-  ``output_elements * (in_channels / groups) * prod(kernel_size)``, a linear layer
-  ``output_elements * in_features``; biases and every other op cost nothing. This is the number papers quote
-  as "FLOPs" for ResNet-50 (4.09 G); ``torch.utils.flop_counter`` reports exactly twice this value.
+  ``nn.Linear`` modules and of the q/k/v and output projections of ``nn.MultiheadAttention`` only (grouped and
+  depthwise convs included). A conv costs ``output_elements * (in_channels / groups) * prod(kernel_size)``, a
+  linear layer ``output_elements * in_features``, a MultiheadAttention ``query_tokens * (in_proj_weight elements
+  + out_proj weight elements)``; biases and every other op (the attention matrix products too) cost nothing.
+  This is the number papers quote as "FLOPs" for ResNet-50 (4.09 G); ``torch.utils.flop_counter`` reports
+  exactly twice this value.
 - ``"full"``: every op the forward pass runs, counted per sample at the ATen level (so functional ops such as
   the residual ``+`` or the ``x * scale`` of squeeze-and-excitation are seen). Conv and matrix-multiply ops
   cost their MACs as above plus 1 per output element for a bias; batch norm (inference) 2 per element (a
@@ -40,11 +42,13 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from analysis.structure.groups import eval_mode, is_out_channel_item, removal_group
+from analysis.structure.heads import PrunedMultiheadAttention, mha_shapes
 
 CONVENTIONS: dict[str, str] = {
     "macs": (
-        "multiply-accumulates of Conv1d/2d/3d, ConvTranspose and Linear layers only, per sample "
-        "(conv: output elements x in_channels/groups x kernel elements; bias and other ops not counted)"
+        "multiply-accumulates of Conv1d/2d/3d, ConvTranspose and Linear layers and MultiheadAttention projections "
+        "only, per sample (conv: output elements x in_channels/groups x kernel elements; bias and other ops, "
+        "attention products included, not counted)"
     ),
     "full": (
         "all ops per sample: conv/matmul MACs + 1 per output element for bias; batch norm 2 per element; "
@@ -54,7 +58,7 @@ CONVENTIONS: dict[str, str] = {
     ),
 }
 
-LAYER_TYPES = (nn.modules.conv._ConvNd, nn.Linear)
+LAYER_TYPES = (nn.modules.conv._ConvNd, nn.Linear, nn.MultiheadAttention, PrunedMultiheadAttention)
 _UNITS = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K"))
 
 
@@ -117,17 +121,21 @@ def count_cost(model: nn.Module, example_input: torch.Tensor, mode: str = "macs"
 
 
 def layer_positions(model: nn.Module, example_input: torch.Tensor) -> dict[str, int]:
-    """For each conv/linear layer the forward pass runs: how many positions its weight is applied at.
+    """For each conv/linear layer (and MultiheadAttention) the forward pass runs: how many positions its weight is
+    applied at.
 
     A layer's MACs are these positions times its weight's element count: output elements per output channel
     for a conv, input elements per input channel for a transposed conv (its weight is ``in x out/groups x k``),
-    rows for a linear layer. Layers called more than once add up; layers never called are absent.
+    rows for a linear layer, query tokens for a MultiheadAttention (whose weight, see :func:`_layer_weights`, is its
+    in and out projections). Layers called more than once add up; layers never called are absent.
     """
     names = {module: name for name, module in model.named_modules()}
     positions: dict[str, int] = defaultdict(int)
 
-    def record(module: nn.modules.conv._ConvNd | nn.Linear, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-        if isinstance(module, nn.Linear):
+    def record(module: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
+        if isinstance(module, (nn.MultiheadAttention, PrunedMultiheadAttention)):
+            count = output[0].numel() // module.embed_dim
+        elif isinstance(module, nn.Linear):
             count = output.numel() // module.out_features
         elif module.transposed:
             count = inputs[0].numel() // module.in_channels
@@ -147,15 +155,24 @@ def layer_positions(model: nn.Module, example_input: torch.Tensor) -> dict[str, 
 
 def _macs_cost(model: nn.Module, positions: dict[str, int]) -> Cost:
     """The ``"macs"`` cost from each layer's positions and its current weight size."""
-    per_module = {name: count * _layer_weight(model, name).numel() for name, count in positions.items()}
+    per_module = {
+        name: count * sum(w.numel() for w in _layer_weights(model, name)) for name, count in positions.items()
+    }
     return Cost(sum(per_module.values()), count_params(model), "macs", per_module)
 
 
-def _layer_weight(model: nn.Module, name: str) -> torch.Tensor:
-    """The weight of the conv/linear layer ``name`` (a layer :func:`layer_positions` found)."""
-    weight = model.get_submodule(name).weight
+def _layer_weights(model: nn.Module, name: str) -> list[torch.Tensor]:
+    """The weights of the layer ``name`` (a layer :func:`layer_positions` found) applied once per position: the
+    weight of a conv/linear layer, the in and out projections of a MultiheadAttention."""
+    module = model.get_submodule(name)
+    if isinstance(module, PrunedMultiheadAttention):  # its out_proj runs as a Linear layer and is counted as one
+        return [module.in_proj_weight]
+    if isinstance(module, nn.MultiheadAttention):
+        weights = [module.in_proj_weight, module.q_proj_weight, module.k_proj_weight, module.v_proj_weight]
+        return [w for w in weights if w is not None] + [module.out_proj.weight]
+    weight = module.weight
     assert isinstance(weight, torch.Tensor)
-    return weight
+    return [weight]
 
 
 def _first_sample(model: nn.Module, example_input: torch.Tensor) -> torch.Tensor:
@@ -187,22 +204,20 @@ class CostModel:
         self._owned = {id(m) for m in model.modules()} | {id(p) for p in model.parameters()}
         self._positions = layer_positions(model, example_input)
         self.dense = _macs_cost(model, self._positions)
-        self._weight_names = {id(model.get_submodule(name).weight): name for name in self.dense.per_module}
+        self._weight_names = {id(w): name for name in self.dense.per_module for w in _layer_weights(model, name)}
 
-    def variant(self, graph: tp.DependencyGraph, conv: nn.Conv2d | str, channels: Sequence[int]) -> Cost:
-        """The cost after removing ``channels`` of ``conv``'s outputs and everything coupled to them.
+    def variant(self, graph: tp.DependencyGraph, root: nn.Module | str, channels: Sequence[int]) -> Cost:
+        """The cost after removing ``channels`` of ``root``'s outputs (or heads) and everything coupled to them.
 
         Args:
             graph: The Torch-Pruning dependency graph of this model
             (``analysis.structure.groups.build_dependency_graph``).
-            conv: The root conv, as module or module name.
-            channels: Output channel indices to remove.
+            root: The unit's root (conv, linear or attention module), as module or module name.
+            channels: Output channel (or head) indices to remove.
         """
-        if isinstance(conv, str):
-            module = self.model.get_submodule(conv)
-            assert isinstance(module, nn.Conv2d)
-            conv = module
-        return self.group_cost(graph, removal_group(graph, conv, channels))
+        if isinstance(root, str):
+            root = self.model.get_submodule(root)
+        return self.group_cost(graph, removal_group(graph, root, channels))
 
     def group_cost(self, graph: tp.DependencyGraph, group: Iterable[Any]) -> Cost:
         """The cost after applying a Torch-Pruning removal ``group`` built on ``graph`` of this model.
@@ -243,17 +258,10 @@ class CostModel:
                     total[key] = (tensor, [a + b for a, b in zip(total[key][1], removed, strict=True)])
                 else:
                     total[key] = (tensor, list(removed))
-        params = self.dense.params
-        macs = self.dense.macs
-        per_module = dict(self.dense.per_module)
+        shapes: dict[int, tuple[torch.Tensor, list[int]]] = {}
         for key, (tensor, removed_per_dim) in total.items():
-            shape = [size - gone for size, gone in zip(tensor.shape, removed_per_dim, strict=True)]
-            params -= tensor.numel() - math.prod(shape)
-            name = self._weight_names.get(key)
-            if name is not None:
-                per_module[name] = self._positions[name] * math.prod(shape)
-                macs += per_module[name] - self.dense.per_module[name]
-        return Cost(macs, params, "macs", per_module)
+            shapes[key] = (tensor, [size - gone for size, gone in zip(tensor.shape, removed_per_dim, strict=True)])
+        return self._shaped_cost(shapes)
 
     def removed_cost(self, graph: tp.DependencyGraph, removed: Removed) -> Cost:
         """The cost after removing ``removed`` (see :meth:`removed_channels`)."""
@@ -263,12 +271,17 @@ class CostModel:
             out_idxs, in_idxs = removed.get((module, True), empty), removed.get((module, False), empty)
             for tensor, shape in _pruned_shapes(graph, module, set(out_idxs), set(in_idxs)):
                 shapes[id(tensor)] = (tensor, shape)
+        return self._shaped_cost(shapes)
+
+    def _shaped_cost(self, shapes: dict[int, tuple[torch.Tensor, list[int]]]) -> Cost:
+        """The cost with the parameters in ``shapes`` (``id -> (parameter, shape after)``) at their new shapes."""
         params = self.dense.params - sum(t.numel() - math.prod(shape) for t, shape in shapes.values())
         per_module = dict(self.dense.per_module)
-        for weight_id, (_, shape) in shapes.items():
-            name = self._weight_names.get(weight_id)
-            if name is not None:
-                per_module[name] = self._positions[name] * math.prod(shape)
+        for name in {self._weight_names[key] for key in shapes if key in self._weight_names}:
+            elements = 0
+            for weight in _layer_weights(self.model, name):
+                elements += math.prod(shapes[id(weight)][1]) if id(weight) in shapes else weight.numel()
+            per_module[name] = self._positions[name] * elements
         return Cost(sum(per_module.values()), params, "macs", per_module)
 
 
@@ -311,6 +324,11 @@ def _pruned_shapes(
         if out_idxs or in_idxs:
             yield module.weight, weight
         yield from shrink(module.bias, 0, len(out_idxs))
+    elif isinstance(module, nn.MultiheadAttention):  # heads: in_idxs are the heads' channels of a q/k/v block
+        if out_idxs:
+            raise NotImplementedError("cannot size a MultiheadAttention after removing embedding channels")
+        if in_idxs:
+            yield from mha_shapes(module, len(in_idxs))
     elif isinstance(module, nn.Linear):
         if out_idxs or in_idxs:
             yield module.weight, [module.out_features - len(out_idxs), module.in_features - len(in_idxs)]

@@ -1,10 +1,13 @@
-"""Prunable conv weights and their coupled channel groups, built on Torch-Pruning's ``DependencyGraph``.
+"""Prunable units and their coupled channel groups, built on Torch-Pruning's ``DependencyGraph``.
 
-A conv weight P (``nn.Conv2d`` with ``groups == 1``) is prunable when removing its output channels does not
-change the model's outputs' shape. Its group is every tensor slice that must go with those channels: P's bias,
-the following BatchNorm, depthwise convs carrying the channel, consumers' input slices, and every producer joined
-to it by a residual add or multiply. Depthwise and grouped convs are never roots themselves; they are pruned as
-members of a root's group. Grouped convs in a group allow removing channels only evenly across their conv groups.
+A unit is one of three kinds. ``conv``: the filters of a conv weight (``nn.Conv1d/2d/3d`` with ``groups == 1``).
+``linear``: the output features (neurons) of an ``nn.Linear``, e.g. an MLP's hidden layer. ``heads``: the heads of
+an attention module (:mod:`analysis.structure.heads`), named ``<module>.heads``. A conv or linear unit is prunable
+when removing its outputs does not change the model's outputs' shape. Its group is every tensor slice that must go
+with those channels: its bias, the following BatchNorm, depthwise convs carrying the channel, consumers' input
+slices, and every producer joined to it by a residual add or multiply. Depthwise and grouped convs are never roots
+themselves; they are pruned as members of a root's group. Grouped convs in a group allow removing channels only
+evenly across their conv groups.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import torch_pruning as tp
 from torch import nn
 from torch_pruning import ops
 
+from analysis.config import UNIT_KINDS
 from analysis.errors import ConfigError, did_you_mean
+from analysis.structure.heads import HEADS_SUFFIX, head_layout, heads_group, is_attention, layout_problem, projections
 
 logger = logging.getLogger(__name__)
 
@@ -35,24 +40,28 @@ PASS_THROUGH = {
     ops.OPTYPE.SLICE,
     ops.OPTYPE.OUTPUT,
 }
+CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+"""Conv layers whose filters are units (transposed convs are not)."""
 # Layer types whose channel slices we know how to mask and to remove.
-SUPPORTED_MEMBERS = (nn.Conv2d, nn.Linear, nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm, nn.PReLU)
+SUPPORTED_MEMBERS = (*CONV_TYPES, nn.Linear, nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm, nn.PReLU)
 
 
 @dataclass
 class PrunableParam:
-    """One conv weight, whether it can be pruned (``reason`` is None) and what its removal takes with it.
+    """One unit (a conv's filters, a Linear's neurons or an attention module's heads), whether it can be pruned
+    (``reason`` is None) and what its removal takes with it.
 
     Attributes:
-        name: Parameter name, e.g. ``layer1.0.conv1.weight``.
-        module_name: Name of the conv module.
-        shape: Weight shape.
-        reason: Why the conv cannot be a pruning root, or None.
+        name: Parameter name, e.g. ``layer1.0.conv1.weight``, or ``blocks.0.attn.heads`` for heads.
+        module_name: Name of the conv, linear or attention module.
+        shape: Weight shape; ``(heads, head_dim)`` for heads.
+        reason: Why the unit cannot be a pruning root, or None.
         members: Human-readable group members (``module (role)``), root first.
-        coupled_params: Other prunable conv weights whose output channels are in the same group.
+        coupled_params: Other prunable conv or linear weights whose output channels are in the same group.
         conv_blocks: For groups with grouped convs: the root channels of each conv group (equal removal per
             block is required); empty otherwise.
         bn_name: The BatchNorm directly after the conv, if any (for the ``bn_scale`` criterion).
+        kind: ``conv``, ``linear`` or ``heads`` (see :data:`UNIT_KINDS`).
     """
 
     name: str
@@ -63,16 +72,39 @@ class PrunableParam:
     coupled_params: list[str] = field(default_factory=list)
     conv_blocks: list[list[int]] = field(default_factory=list)
     bn_name: str | None = None
+    kind: str = "conv"
 
     @property
     def channels(self) -> int:
-        """Number of output channels (filters)."""
+        """Number of removable things: output channels (filters), output features (neurons) or heads."""
         return self.shape[0]
 
     @property
     def prunable(self) -> bool:
-        """True when the conv can be pruned as a root."""
+        """True when the unit can be pruned as a root."""
         return self.reason is None
+
+
+def unit_kind(module: nn.Module) -> str | None:
+    """The kind of unit ``module`` roots (``conv``, ``linear``, ``heads``), or None."""
+    if is_attention(module):
+        return "heads"
+    if isinstance(module, CONV_TYPES):
+        return "conv"
+    if isinstance(module, nn.Linear):
+        return "linear"
+    return None
+
+
+def unit_size(module: nn.Module) -> int:
+    """How many channels, features or heads the unit rooted at ``module`` has."""
+    layout = head_layout(module)
+    if layout is not None:
+        return layout.heads
+    if isinstance(module, nn.Linear):
+        return module.out_features
+    assert isinstance(module, CONV_TYPES), f"not a unit root: {type(module).__name__}"
+    return module.out_channels
 
 
 @contextmanager
@@ -97,9 +129,10 @@ def build_dependency_graph(model: nn.Module, example_input: torch.Tensor) -> tp.
 
 
 def conv_execution_order(
-    model: nn.Module, example_input: torch.Tensor, layer_types: tuple[type[nn.Module], ...] = (nn.Conv2d,)
+    model: nn.Module, example_input: torch.Tensor, layer_types: tuple[type[nn.Module], ...] | None = None
 ) -> list[str]:
-    """Names of the ``layer_types`` modules (default ``nn.Conv2d``) in the order the forward pass first calls them."""
+    """Names of the ``layer_types`` modules (default: every unit root, see :func:`unit_kind`) in the order the
+    forward pass first calls them."""
     names = {module: name for name, module in model.named_modules()}
     order: list[str] = []
 
@@ -108,7 +141,10 @@ def conv_execution_order(
         if name not in order:
             order.append(name)
 
-    hooks = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, layer_types)]
+    def wanted(module: nn.Module) -> bool:
+        return isinstance(module, layer_types) if layer_types is not None else unit_kind(module) is not None
+
+    hooks = [m.register_forward_pre_hook(record) for m in model.modules() if wanted(m)]
     try:
         with torch.inference_mode():
             model(example_input[:1])
@@ -135,14 +171,17 @@ def output_modules(graph: tp.DependencyGraph) -> set[nn.Module]:
     return found
 
 
-def full_group(graph: tp.DependencyGraph, conv: nn.Conv2d) -> tp.dependency.Group:
-    """The group of ``conv``'s output channels, with every channel index (for inspection and ranking)."""
-    return graph.get_pruning_group(conv, tp.prune_conv_out_channels, list(range(conv.out_channels)))
+def full_group(graph: tp.DependencyGraph, root: nn.Module) -> tp.dependency.Group:
+    """The group of every output channel (or head) of the unit rooted at ``root``, for inspection and ranking."""
+    return removal_group(graph, root, range(unit_size(root)))
 
 
-def removal_group(graph: tp.DependencyGraph, conv: nn.Conv2d, channels: Sequence[int]) -> tp.dependency.Group:
-    """The group that removing ``channels`` of ``conv``'s outputs requires."""
-    return graph.get_pruning_group(conv, tp.prune_conv_out_channels, sorted(int(c) for c in channels))
+def removal_group(graph: tp.DependencyGraph, root: nn.Module, channels: Sequence[int]) -> tp.dependency.Group:
+    """The group that removing ``channels`` of ``root``'s outputs (or those heads of an attention root) requires."""
+    indices = sorted(int(c) for c in channels)
+    if is_attention(root):
+        return heads_group(graph, root, indices)
+    return graph.get_pruning_group(root, graph.get_pruner_of_module(root).prune_out_channels, indices)
 
 
 def is_out_channel_item(graph: tp.DependencyGraph, item: Any) -> bool:
@@ -153,7 +192,7 @@ def is_out_channel_item(graph: tp.DependencyGraph, item: Any) -> bool:
 
 def is_grouped_conv(module: nn.Module) -> bool:
     """True for convs with 1 < groups < channels (ResNeXt/RegNet style), which need even removal per conv group."""
-    return isinstance(module, nn.Conv2d) and module.groups > 1 and not is_depthwise(module)
+    return isinstance(module, CONV_TYPES) and module.groups > 1 and not is_depthwise(module)
 
 
 def is_depthwise(module: nn.Module) -> bool:
@@ -161,7 +200,7 @@ def is_depthwise(module: nn.Module) -> bool:
 
     A depthwise conv with a channel multiplier (``Conv2d(8, 16, groups=8)``) is a grouped conv here."""
     return (
-        isinstance(module, nn.Conv2d)
+        isinstance(module, CONV_TYPES)
         and module.groups > 1
         and module.groups == module.in_channels == module.out_channels
     )
@@ -181,43 +220,94 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
 
 
 def find_prunable(model: nn.Module, example_input: torch.Tensor) -> list[PrunableParam]:
-    """List every ``nn.Conv2d`` weight in forward order, with its group, or the reason it is not prunable."""
+    """List every unit (conv filters, Linear neurons, attention heads) in forward order, with its group, or the
+    reason it is not prunable."""
     with eval_mode(model):
         graph = build_dependency_graph(model, example_input)
         return describe_convs(model, graph, conv_execution_order(model, example_input))
 
 
 def describe_convs(model: nn.Module, graph: tp.DependencyGraph, order: Sequence[str]) -> list[PrunableParam]:
-    """Build a :class:`PrunableParam` for each conv in ``order`` (plus convs never run, at the end)."""
+    """Build a :class:`PrunableParam` for each unit root in ``order`` (plus roots never run, at the end)."""
     modules = dict(model.named_modules())
     names: dict[object, str] = {module: name for name, module in modules.items()}
     names.update({param: name for name, param in model.named_parameters()})
-    unused = [n for n, m in modules.items() if isinstance(m, nn.Conv2d) and n not in order]
+    owners = _projection_owners(modules)
+    unused = [n for n, m in modules.items() if unit_kind(m) is not None and n not in order]
     outputs = output_modules(graph)
-    params = [_describe(name, modules[name], graph, names, outputs) for name in order]
-    params += [PrunableParam(f"{n}.weight", n, tuple(modules[n].weight.shape), "not used by the forward pass")
-               for n in unused]  # fmt: skip
+    params = [_describe(name, modules[name], graph, names, outputs, owners) for name in order]
+    params += [_unused(name, modules[name], owners) for name in unused]
     prunable = {p.name for p in params if p.prunable}
-    for param in params:  # _describe listed every conv whose outputs are in the group; keep the prunable ones
+    for param in params:  # _describe listed every root whose outputs are in the group; keep the prunable ones
         param.coupled_params = [name for name in param.coupled_params if name in prunable] if param.prunable else []
     return params
 
 
+def unit_name(module_name: str, module: nn.Module) -> str:
+    """The name a unit is recorded under: the weight's name, or ``<attention module>.heads``."""
+    return f"{module_name}{HEADS_SUFFIX}" if is_attention(module) else f"{module_name}.weight"
+
+
+def _projection_owners(modules: dict[str, nn.Module]) -> dict[nn.Module, str]:
+    """Linear layers whose outputs are heads (``qkv``, MultiheadAttention's ``out_proj``) -> their attention's name."""
+    owners: dict[nn.Module, str] = {}
+    for name, module in modules.items():
+        if isinstance(module, nn.MultiheadAttention):
+            owners[module.out_proj] = name
+        elif is_attention(module):
+            owners[projections(module)[0]] = name  # qkv
+    return owners
+
+
+def _shape(module: nn.Module) -> tuple[int, ...]:
+    layout = head_layout(module)
+    if layout is not None:
+        return (layout.heads, layout.head_dim)
+    weight = module.weight
+    assert isinstance(weight, torch.Tensor)
+    return tuple(weight.shape)
+
+
+def _unused(name: str, module: nn.Module, owners: dict[nn.Module, str]) -> PrunableParam:
+    """A root the forward pass never calls: an attention's inner projection, or a layer the model does not use."""
+    kind = unit_kind(module)
+    assert kind is not None
+    param = PrunableParam(unit_name(name, module), name, _shape(module), "not used by the forward pass", kind=kind)
+    if module in owners:
+        param.reason = _projection_reason(owners[module])
+    return param
+
+
+def _projection_reason(attention: str) -> str:
+    return f"its outputs are attention heads: pruned as the unit {attention}{HEADS_SUFFIX}"
+
+
 def _describe(
-    name: str, conv: nn.Conv2d, graph: tp.DependencyGraph, names: dict[object, str], outputs: set[nn.Module]
+    name: str,
+    root: nn.Module,
+    graph: tp.DependencyGraph,
+    names: dict[object, str],
+    outputs: set[nn.Module],
+    owners: dict[nn.Module, str],
 ) -> PrunableParam:
-    param = PrunableParam(f"{name}.weight", name, tuple(conv.weight.shape))
-    if is_depthwise(conv):
+    kind = unit_kind(root)
+    assert kind is not None
+    param = PrunableParam(unit_name(name, root), name, _shape(root), kind=kind)
+    if kind == "heads":
+        return _describe_heads(param, root, graph, names)
+    if root in owners:
+        param.reason = _projection_reason(owners[root])
+    elif is_depthwise(root):
         param.reason = "depthwise conv: pruned together with the conv that produces its input channels"
-    elif conv.groups > 1:
-        param.reason = f"grouped conv (groups={conv.groups}): pruned only as a member of another conv's group"
-    elif conv.out_channels < 2:
-        param.reason = "has a single output channel"
-    elif conv not in graph.module2node:
+    elif isinstance(root, CONV_TYPES) and root.groups > 1:
+        param.reason = f"grouped conv (groups={root.groups}): pruned only as a member of another conv's group"
+    elif param.channels < 2:
+        param.reason = f"has a single output {'feature' if kind == 'linear' else 'channel'}"
+    elif root not in graph.module2node:
         param.reason = "not reached by dependency tracing"
     if param.reason:
         return param
-    group = full_group(graph, conv)
+    group = full_group(graph, root)
     for item in group:
         module = item.dep.target.module
         out_item = is_out_channel_item(graph, item)
@@ -229,22 +319,40 @@ def _describe(
         ):
             param.reason = f"its group contains an unsupported layer ({type(module).__name__})"
             return param
-        if module in names and module is not conv:
+        if module in names and module is not root:
             role = "out" if out_item else "in"
             param.members.append(f"{names[module]} ({type(module).__name__}, {role})")
-            if out_item and isinstance(module, nn.Conv2d):
+            if out_item and unit_kind(module) in ("conv", "linear"):
                 param.coupled_params.append(f"{names[module]}.weight")
         if (
             isinstance(module, nn.modules.batchnorm._BatchNorm)
             and param.bn_name is None
-            and graph.module2node[conv] in graph.module2node[module].inputs
+            and graph.module2node[root] in graph.module2node[module].inputs
         ):
             param.bn_name = names[module]
-    param.members.insert(0, f"{name} (Conv2d, out)")
-    blocks, problem = _conv_blocks(graph, group, conv.out_channels)
+    param.members.insert(0, f"{name} ({type(root).__name__}, out)")
+    blocks, problem = _conv_blocks(graph, group, param.channels)
     if problem:
         param.reason = problem
     param.conv_blocks = blocks
+    return param
+
+
+def _describe_heads(
+    param: PrunableParam, attention: nn.Module, graph: tp.DependencyGraph, names: dict[object, str]
+) -> PrunableParam:
+    """A heads unit: its members are the projections that lose rows and columns."""
+    param.reason = layout_problem(attention)
+    if param.reason is None and param.channels < 2:
+        param.reason = "has a single head"
+    if param.reason is None and not all(layer in graph.module2node for layer in projections(attention)):
+        param.reason = "not reached by dependency tracing"
+    if isinstance(attention, nn.MultiheadAttention):
+        param.members = [f"{param.module_name} (MultiheadAttention, heads)"]
+    else:
+        qkv, proj = projections(attention)
+        param.members = [f"{param.module_name} ({type(attention).__name__}, heads)", f"{names[qkv]} (Linear, out)",
+                         f"{names[proj]} (Linear, in)"]  # fmt: skip
     return param
 
 
@@ -283,31 +391,40 @@ def select_params(
     skip: Sequence[str] = (),
     key: str = "SensitivityAnalysis.prune_params_name",
     skip_key: str = "SensitivityAnalysis.skip_params",
+    units: Sequence[str] | None = None,
+    units_key: str = "SensitivityAnalysis.units",
 ) -> list[PrunableParam]:
-    """The params to analyse, in model order: ``names`` (all prunable ones when None) minus ``skip``.
+    """The params to analyse, in model order: ``names`` (all prunable ones of the kinds in ``units``, every kind
+    when None, when ``names`` is None) minus ``skip``.
 
     Names may be parameter names (``layer1.0.conv1.weight``) or module names (``layer1.0.conv1``).
 
     Raises:
-        ConfigError: For a name that is not a conv weight of the model (with the closest match) or that cannot be
-            pruned (with the reason).
+        ConfigError: For a name that is not a unit of the model (with the closest match), that cannot be pruned
+            (with the reason), or whose kind ``units`` leaves out.
     """
+    kinds = set(UNIT_KINDS if units is None else units)
     by_name = {p.name: p for p in params}
 
     def resolve(name: str, which: str) -> PrunableParam:
         found = by_name.get(name) or by_name.get(f"{name}.weight")
         if found is None:
             raise ConfigError(
-                f"{which}: '{name}' is not a conv weight of this model{did_you_mean(name, by_name)}; "
-                "names look like layer1.0.conv1.weight."
+                f"{which}: '{name}' is not a unit of this model{did_you_mean(name, by_name)}; "
+                "names look like layer1.0.conv1.weight (or blocks.0.attn.heads for attention heads)."
             )
         return found
 
     skipped = {resolve(n, skip_key).name for n in skip}
     if names is None:
-        return [p for p in params if p.prunable and p.name not in skipped]
+        return [p for p in params if p.prunable and p.kind in kinds and p.name not in skipped]
     chosen = {resolve(n, key).name for n in names}
     for name in chosen:
         if not by_name[name].prunable:
             raise ConfigError(f"{key}: '{name}' cannot be pruned: {by_name[name].reason}.")
+        if by_name[name].kind not in kinds:
+            raise ConfigError(
+                f"{key}: '{name}' is a {by_name[name].kind} unit but {units_key} is {sorted(kinds)}; "
+                f"add {by_name[name].kind} to units or remove the name."
+            )
     return [p for p in params if p.name in chosen and p.name not in skipped]

@@ -18,7 +18,8 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
-from analysis.structure.groups import is_depthwise, is_out_channel_item
+from analysis.structure.groups import CONV_TYPES, is_depthwise, is_out_channel_item
+from analysis.structure.heads import is_heads_item, mha_slices
 
 Index: TypeAlias = torch.Tensor | tuple[slice | EllipsisType | torch.Tensor, ...]
 """Where a slice lies in its tensor, usable as ``tensor[index]``: channel indices, or one entry per dimension."""
@@ -38,7 +39,9 @@ def zeroed_slices(graph: tp.DependencyGraph, group: Iterable[Any]) -> list[Slice
         if isinstance(module, nn.Parameter):
             dim = graph.module2node[module].pruning_dim
             slices.append((module.data, (slice(None),) * (dim % module.dim()) + (index,)))
-        elif isinstance(module, nn.Conv2d):
+        elif is_heads_item(item):
+            slices.extend(mha_slices(module, idxs))  # type: ignore[arg-type]  # index objects of the same form
+        elif isinstance(module, CONV_TYPES):
             slices.extend(_conv_slices(module, index, out))
         elif isinstance(module, nn.Linear):
             if out:
@@ -56,7 +59,7 @@ def zeroed_slices(graph: tp.DependencyGraph, group: Iterable[Any]) -> list[Slice
     return slices
 
 
-def _conv_slices(conv: nn.Conv2d, index: torch.Tensor, out: bool) -> list[Slice]:
+def _conv_slices(conv: nn.Conv1d | nn.Conv2d | nn.Conv3d, index: torch.Tensor, out: bool) -> list[Slice]:
     weight = conv.weight.data
     if out or is_depthwise(conv):
         result: list[Slice] = [(weight, index)]

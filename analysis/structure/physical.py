@@ -2,7 +2,8 @@
 
 Torch-Pruning's low-level handlers are used for every layer except grouped convs' input channels: its handler
 keeps the same local positions in every conv group, which is only right when the removed positions coincide. Here
-each conv group keeps its own surviving positions, which is what removing those input channels means.
+each conv group keeps its own surviving positions, which is what removing those input channels means. Attention
+heads are removed by :func:`analysis.structure.heads.remove_heads`.
 """
 
 from __future__ import annotations
@@ -13,32 +14,43 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from analysis.structure.groups import build_dependency_graph, is_grouped_conv, is_out_channel_item, removal_group
+from analysis.structure.groups import (
+    build_dependency_graph,
+    is_grouped_conv,
+    is_out_channel_item,
+    removal_group,
+    unit_kind,
+)
+from analysis.structure.heads import is_attention, remove_heads
 
 
-def pruned_copy(model: nn.Module, conv_name: str, channels: Sequence[int], example_input: torch.Tensor) -> nn.Module:
-    """Return a deep copy of ``model`` with ``channels`` of ``conv_name``'s output removed along with its group."""
-    return jointly_pruned_copy(model, [(conv_name, channels)], example_input)
+def pruned_copy(model: nn.Module, root_name: str, channels: Sequence[int], example_input: torch.Tensor) -> nn.Module:
+    """Return a deep copy of ``model`` with ``channels`` of ``root_name``'s output (or those heads of an attention
+    module) removed along with its group."""
+    return jointly_pruned_copy(model, [(root_name, channels)], example_input)
 
 
 def jointly_pruned_copy(
     model: nn.Module, removals: Sequence[tuple[str, Sequence[int]]], example_input: torch.Tensor
 ) -> nn.Module:
-    """Return a deep copy of ``model`` with every ``(conv name, output channels)`` removal applied, each with its
-    group. Channel indices refer to the unpruned model: groups are disjoint in the channels they remove, and the
-    dependency graph is rebuilt after each removal so that concatenations see the current channel offsets."""
+    """Return a deep copy of ``model`` with every ``(root name, output channels or heads)`` removal applied, each
+    with its group. Channel indices refer to the unpruned model: groups are disjoint in the channels they remove,
+    and the dependency graph is rebuilt after each removal so that concatenations see the current channel offsets."""
     clone = copy.deepcopy(model)
-    for conv_name, channels in removals:
-        _remove(clone, conv_name, channels, example_input)
+    for root_name, channels in removals:
+        _remove(clone, root_name, channels, example_input)
     return clone.eval()
 
 
-def _remove(clone: nn.Module, conv_name: str, channels: Sequence[int], example_input: torch.Tensor) -> None:
-    """Remove ``channels`` of ``conv_name``'s output and its group from ``clone``, in place."""
+def _remove(clone: nn.Module, root_name: str, channels: Sequence[int], example_input: torch.Tensor) -> None:
+    """Remove ``channels`` of ``root_name``'s output (or those heads) and its group from ``clone``, in place."""
+    root = clone.get_submodule(root_name)
+    if is_attention(root):
+        remove_heads(clone, root_name, channels)
+        return
+    assert unit_kind(root) is not None, f"{root_name} is not a unit root"
     graph = build_dependency_graph(clone, example_input)
-    conv = clone.get_submodule(conv_name)
-    assert isinstance(conv, nn.Conv2d)
-    group = removal_group(graph, conv, channels)
+    group = removal_group(graph, root, channels)
     param_names = {param: name for name, param in clone.named_parameters()}
     for item in group:
         module, idxs = item.dep.target.module, list(item.idxs)
