@@ -394,3 +394,52 @@ def test_find_prunable_leaves_train_mode_and_batchnorm_statistics_alone() -> Non
     # no tracing or order-recording pass may update BN running statistics on the way
     assert all(torch.equal(t, before[name]) for name, t in model.state_dict().items())
     assert {name: m.training for name, m in model.named_modules()} == modes
+
+
+def test_a_group_search_that_runs_away_is_bounded_and_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """timm's ReXNet, EfficientViT-M and CoAtNet make Torch-Pruning's search run for minutes or fill the memory."""
+    import time
+
+    import analysis.structure.groups as groups
+
+    real = groups.full_group
+
+    def endless_for_layer1(graph, root):
+        if root is model.layer1.conv1:
+            while True:
+                time.sleep(0.01)
+        return real(graph, root)
+
+    model = tiny_resnet().eval()
+    monkeypatch.setattr(groups, "GROUP_SEARCH_SECONDS", 0.3)
+    monkeypatch.setattr(groups, "full_group", endless_for_layer1)
+    started = time.monotonic()
+    params = by_name(find_prunable(model, torch.randn(TINY_IMAGE)))
+    assert time.monotonic() - started < 20
+    assert params["layer1.conv1.weight"].reason == "Torch-Pruning's group search did not finish in 0.3 s"
+    assert params["layer1.conv2.weight"].prunable  # the other units are described as before
+
+    def failing(graph, root):
+        raise IndexError("index 7 is out of bounds for dimension 0 with size 4")
+
+    monkeypatch.setattr(groups, "full_group", failing)
+    params = by_name(find_prunable(model, torch.randn(TINY_IMAGE)))
+    assert params["conv1.weight"].reason == (
+        "Torch-Pruning could not build its group (IndexError: index 7 is out of bounds for dimension 0 with size 4)"
+    )
+
+
+def test_time_limit_restores_the_previous_alarm_handler() -> None:
+    import signal
+    import time
+
+    from analysis.structure._time_limit import TimeLimitReached, time_limit
+
+    before = signal.getsignal(signal.SIGALRM)
+    with pytest.raises(TimeLimitReached, match=r"did not finish in 0\.1 s"), time_limit(0.1) as limited:
+        assert limited
+        time.sleep(5)
+    assert signal.getsignal(signal.SIGALRM) == before and signal.getitimer(signal.ITIMER_REAL)[0] == 0.0
+    with time_limit(5.0):
+        time.sleep(0.01)  # a block that finishes in time is not interrupted later
+    time.sleep(0.05)

@@ -25,6 +25,7 @@ from torch_pruning import ops
 
 from analysis.config import UNIT_KINDS
 from analysis.errors import ConfigError, did_you_mean
+from analysis.structure._time_limit import TimeLimitReached, time_limit
 from analysis.structure.heads import HEADS_SUFFIX, head_layout, heads_group, is_attention, layout_problem, projections
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,9 @@ PASS_THROUGH = {
     ops.OPTYPE.SLICE,
     ops.OPTYPE.OUTPUT,
 }
+GROUP_SEARCH_SECONDS = 10.0
+"""Longest Torch-Pruning may search for one unit's group before the unit is left out with that reason (groups of
+ordinary models take milliseconds; a few architectures make the search run away, see :mod:`._time_limit`)."""
 CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 """Conv layers whose filters are units (transposed convs are not)."""
 # Layer types whose channel slices we know how to mask and to remove.
@@ -307,7 +311,10 @@ def _describe(
         param.reason = "not reached by dependency tracing"
     if param.reason:
         return param
-    group = full_group(graph, root)
+    group, problem = _search_group(graph, root)
+    if group is None:
+        param.reason = problem
+        return param
     for item in group:
         module = item.dep.target.module
         out_item = is_out_channel_item(graph, item)
@@ -336,6 +343,22 @@ def _describe(
         param.reason = problem
     param.conv_blocks = blocks
     return param
+
+
+def _search_group(graph: tp.DependencyGraph, root: nn.Module) -> tuple[tp.dependency.Group | None, str]:
+    """The root's full group, or None and the reason Torch-Pruning could not build it (within
+    :data:`GROUP_SEARCH_SECONDS`, in memory, or at all): one unit left out, never the whole run."""
+    try:
+        with time_limit(GROUP_SEARCH_SECONDS):
+            return full_group(graph, root), ""
+    except TimeLimitReached:
+        return None, f"Torch-Pruning's group search did not finish in {GROUP_SEARCH_SECONDS:g} s"
+    except MemoryError:
+        return None, "Torch-Pruning's group search ran out of memory"
+    except Exception as error:  # Torch-Pruning's index mapping fails on some graphs: report the unit, go on
+        logger.debug("Torch-Pruning could not build a group", exc_info=True)
+        text = str(error).splitlines()[0][:160] if str(error) else ""
+        return None, f"Torch-Pruning could not build its group ({type(error).__name__}: {text})"
 
 
 def _describe_heads(
