@@ -3,6 +3,7 @@ and without labels (``Global.labels: none``), on both engines, with adaptive pre
 
 from __future__ import annotations
 
+import csv
 import html
 import io
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from analysis.errors import UserError
 from analysis.inputs.calibration import CalibrationSource, read_calibration_samples
 from analysis.inputs.data import UNLABELLED, EvalLoader, build_eval_loader, read_sample_list
 from analysis.io.results import load_sensitivities, load_sidecar
+from analysis.io.tables import export_csv
 from analysis.structure.criteria import l1_norm, select_channels
 from analysis.structure.physical import pruned_copy
 
@@ -159,6 +161,15 @@ def test_recorded_values_equal_a_hand_computation(
         assert sidecar["losses"][key[0]][key[1]] == record["loss"]
     assert min(expected[key]["agreement"] for key in expected) < 0.75  # pruning flips predictions: not a tautology
     assert min(expected[key]["kl"] for key in expected) > 1e-4
+    rows = list(csv.DictReader(export_csv(tmp_path / "a" / "s.pkl", style="long").open()))
+    assert {row["sparsity"] for row in rows} == {"0.0", *(str(r) for r in RATIOS)}  # the baseline row, each ratio
+    for row in rows:  # the label-free metric is a column of the long CSV: percent agreement, or KL in nats
+        key = (row["parameter"], float(row["sparsity"]))
+        value = 1.0 if metric == "agreement" else 0.0
+        if key[1]:
+            value = recorded[key][metric]
+        assert float(row[metric]) == pytest.approx(100.0 * value if metric == "agreement" else value, abs=1e-9)
+        assert (row["top1"] != "") == labelled
 
 
 def test_losses_follow_the_loss_conventions_in_both_modes() -> None:

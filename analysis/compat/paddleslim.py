@@ -75,7 +75,8 @@ def analysis_prune(
         target_loss: If given, derive per-layer ratios keeping each layer's relative loss under it.
         criterion: ``l1_norm``, ``l2_norm``, ``geometry_median`` or ``bn_scale``.
         prune_params: Conv weights to analyse (PyTorch parameter names); default all prunable ones.
-        metric: ``top1``, ``top5`` or ``ce`` for batches; ignored for an eval function (its score is used).
+        metric: ``top1``, ``top5`` or ``ce`` for batches, or, needing no labels, ``agreement`` (top-1 agreement with
+            the unpruned model) or ``kl`` (mean KL divergence from it); ignored for an eval function (its score).
         example_input: An input batch for tracing; required with an eval function, else the first batch is used.
         group_reduction: ``self`` ranks channels on the conv alone (PaddleSlim); ``mean`` on its whole group.
         metric_mode: ``relative`` loss (PaddleSlim) or ``absolute`` difference.

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from analysis.config import LABEL_FREE_METRICS
 from analysis.errors import AnalysisFileError
 from analysis.io.atomic import atomic_write_text
 from analysis.io.results import Sensitivities, load_sensitivities, sidecar_path
@@ -44,6 +45,8 @@ def export_csv(
     with their reductions (empty when the sidecar lacks them). Parameters follow the file's (model) order and
     ratios ascend, so equal inputs give byte-identical files. With adaptive BN (BatchNorm statistics re-estimated
     per variant) the metric columns are suffixed ``_adaptive_bn`` (``layername_adaptive_bn``, ``top1_adaptive_bn``).
+    A label-free analysis (``metric: agreement`` or ``kl``) adds its metric as the last column (agreement in percent,
+    KL in nats); top1/top5/loss are then empty where no labels exist.
 
     Raises:
         AnalysisFileError: The analysis file or its sidecar cannot be read, or ``wide`` is asked without a sidecar.
@@ -97,17 +100,29 @@ def _marked(column: str, sidecar: Sidecar) -> str:
 def _long_rows(sensitivities: Sensitivities, sidecar: Sidecar) -> list[list[Any]]:
     dense = sidecar.cost
     dense_costs = (dense.macs, dense.params, 0.0, 0.0) if dense is not None and dense.macs is not None else ()
-    measured = ("top1", "top5", "loss", "relative_loss")  # measured after BatchNorm re-estimation with adaptive BN
-    rows: list[list[Any]] = [[_marked(c, sidecar) if c in measured else c for c in LONG_COLUMNS]]
+    label_free = sidecar.settings.metric_name if sidecar.settings.metric_name in LABEL_FREE_METRICS else None
+    measured = ("top1", "top5", "loss", "relative_loss", label_free)  # after BatchNorm re-estimation with adaptive BN
+    columns = [*LONG_COLUMNS, label_free] if label_free else list(LONG_COLUMNS)
+    rows: list[list[Any]] = [[_marked(c, sidecar) if c in measured else c for c in columns]]
+
+    def row(
+        name: str, ratio: float, metrics: Mapping[str, float], loss: float, costs: Sequence[float | None]
+    ) -> list[Any]:
+        cells = _long_row(name, ratio, metrics, loss, costs)
+        if label_free:
+            value = metrics.get(label_free)
+            cells.append(_blank(None if value is None else 100.0 * value if label_free == "agreement" else value))
+        return cells
+
     for name, curve in sensitivities.items():
-        rows.append(_long_row(name, 0.0, sidecar.baseline or {}, 0.0, dense_costs))
+        rows.append(row(name, 0.0, sidecar.baseline or {}, 0.0, dense_costs))
         for ratio, loss in curve.items():
             variant = sidecar.variant(name, ratio)
             if variant is None:
-                rows.append(_long_row(name, ratio, {}, loss, ()))
+                rows.append(row(name, ratio, {}, loss, ()))
                 continue
             costs = (variant.macs, variant.params, variant.macs_reduction, variant.params_reduction)
-            rows.append(_long_row(name, ratio, variant.metrics, loss, costs))
+            rows.append(row(name, ratio, variant.metrics, loss, costs))
     return rows
 
 
