@@ -21,6 +21,14 @@ logger = logging.getLogger(__name__)
 CHECK_IMAGES = 4  # images on which masking is compared with physical pruning (the difference shows on any image)
 
 
+def is_out_of_memory(error: BaseException) -> bool:
+    """True for a failed allocation (CPU or GPU), which says nothing about whether a unit can be removed."""
+    text = str(error)
+    return isinstance(error, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(error, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
+    )
+
+
 @dataclass
 class ModeCheck:
     """How a param is evaluated: ``mask``, ``physical``, ``element``, or None (physical pruning failed,
@@ -58,6 +66,8 @@ class MaskCheck:
             with torch.inference_mode():
                 physical = copy(self.images).float()
         except Exception as error:  # Torch-Pruning cannot remove these channels: report it, do not guess
+            if is_out_of_memory(error):
+                raise  # the machine, not the unit: leaving the unit out would record a wrong reason
             logger.debug("Physical pruning of %s failed", param.name, exc_info=True)
             text = str(error).splitlines()[0][:200] if str(error) else ""
             return ModeCheck(None, f"{type(error).__name__}: {text}")
