@@ -283,3 +283,23 @@ def test_sidecar_records_the_kind_of_each_unit(tmp_path: Path) -> None:
                    units=("heads",), progress=False)  # fmt: skip
     info = load_sidecar(tmp_path / "s.pkl")["params"]["blocks.1.attn.heads"]
     assert info["kind"] == "heads" and info["shape"] == [3, 64]
+
+
+def test_budget_plan_and_report_over_every_unit_of_a_vit(tmp_path: Path) -> None:
+    from analysis.planning.plan import build_plan
+    from analysis.reporting.report import write_report
+    from analysis.structure.physical import jointly_pruned_copy
+
+    model, example = SMALL_VIT()
+    data = pseudo_labelled(model, [(example, None)])
+    path = tmp_path / "s.pkl"
+    analysis_prune(model, data, path, pruned_ratios=(0.25, 0.5), units=("conv", "linear", "heads"), progress=False)
+    analysed = load_sensitivities(path)
+    assert {n.rpartition(".")[2] for n in analysed} == {"weight", "heads"} and len(analysed) == 8  # 4 MLPs, 4 heads
+    plan = build_plan(model, example, path, 0.2)
+    assert plan.groups and {g.ranking_param for g in plan.groups} <= set(analysed)
+    pruned = count_cost(jointly_pruned_copy(model, plan.removals(), example), example)
+    assert (pruned.macs, pruned.params) == (plan.pruned.macs, plan.pruned.params)  # the joint cost is exact
+    assert 1 - pruned.macs / plan.dense.macs >= 0.2
+    files = write_report(path, tmp_path / "report")
+    assert "encoder.layers.encoder_layer_0.self_attention.heads" in Path(files.html).read_text()
