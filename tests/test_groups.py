@@ -419,6 +419,17 @@ def test_a_group_search_that_runs_away_is_bounded_and_reported(monkeypatch: pyte
     assert params["layer1.conv1.weight"].reason == "Torch-Pruning's group search did not finish in 0.3 s"
     assert params["layer1.conv2.weight"].prunable  # the other units are described as before
 
+    def endless(graph, root):
+        while True:
+            time.sleep(0.01)
+
+    monkeypatch.setattr(groups, "RUNAWAY_BUDGET_SECONDS", 0.5)
+    monkeypatch.setattr(groups, "LATE_SEARCH_SECONDS", 0.1)
+    monkeypatch.setattr(groups, "full_group", endless)
+    reasons = [p.reason for p in find_prunable(model, torch.randn(TINY_IMAGE)) if p.kind == "conv"]
+    limits = [reason.removeprefix("Torch-Pruning's group search did not finish in ") for reason in reasons]
+    assert limits == ["0.3 s", "0.3 s"] + ["0.1 s"] * (len(reasons) - 2)  # past the budget, searches get less time
+
     def failing(graph, root):
         raise IndexError("index 7 is out of bounds for dimension 0 with size 4")
 

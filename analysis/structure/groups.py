@@ -44,6 +44,10 @@ PASS_THROUGH = {
 GROUP_SEARCH_SECONDS = 10.0
 """Longest Torch-Pruning may search for one unit's group before the unit is left out with that reason (groups of
 ordinary models take milliseconds; a few architectures make the search run away, see :mod:`._time_limit`)."""
+RUNAWAY_BUDGET_SECONDS = 60.0
+"""Time one description may lose to searches that ran out; past it every further search gets
+:data:`LATE_SEARCH_SECONDS` (timm's EfficientViT-M0 has 45 runaway units: 7.5 minutes at 10 s each)."""
+LATE_SEARCH_SECONDS = 1.0
 CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 """Conv layers whose filters are units (transposed convs are not)."""
 # Layer types whose channel slices we know how to mask and to remove.
@@ -239,7 +243,8 @@ def describe_convs(model: nn.Module, graph: tp.DependencyGraph, order: Sequence[
     owners = _projection_owners(modules)
     unused = [n for n, m in modules.items() if unit_kind(m) is not None and n not in order]
     outputs = output_modules(graph)
-    params = [_describe(name, modules[name], graph, names, outputs, owners) for name in order]
+    budget = _SearchBudget()
+    params = [_describe(name, modules[name], graph, names, outputs, owners, budget) for name in order]
     params += [_unused(name, modules[name], owners) for name in unused]
     prunable = {p.name for p in params if p.prunable}
     for param in params:  # _describe listed every root whose outputs are in the group; keep the prunable ones
@@ -293,6 +298,7 @@ def _describe(
     names: dict[object, str],
     outputs: set[nn.Module],
     owners: dict[nn.Module, str],
+    budget: _SearchBudget,
 ) -> PrunableParam:
     kind = unit_kind(root)
     assert kind is not None
@@ -311,7 +317,7 @@ def _describe(
         param.reason = "not reached by dependency tracing"
     if param.reason:
         return param
-    group, problem = _search_group(graph, root)
+    group, problem = _search_group(graph, root, budget)
     if group is None:
         param.reason = problem
         return param
@@ -345,14 +351,32 @@ def _describe(
     return param
 
 
-def _search_group(graph: tp.DependencyGraph, root: nn.Module) -> tuple[tp.dependency.Group | None, str]:
-    """The root's full group, or None and the reason Torch-Pruning could not build it (within
-    :data:`GROUP_SEARCH_SECONDS`, in memory, or at all): one unit left out, never the whole run."""
+class _SearchBudget:
+    """The time limit of the next group search: :data:`GROUP_SEARCH_SECONDS` until searches that ran out have
+    used :data:`RUNAWAY_BUDGET_SECONDS`, then :data:`LATE_SEARCH_SECONDS`."""
+
+    def __init__(self) -> None:
+        self.lost = 0.0
+
+    def limit(self) -> float:
+        return GROUP_SEARCH_SECONDS if self.lost < RUNAWAY_BUDGET_SECONDS else LATE_SEARCH_SECONDS
+
+    def ran_out(self, seconds: float) -> None:
+        self.lost += seconds
+
+
+def _search_group(
+    graph: tp.DependencyGraph, root: nn.Module, budget: _SearchBudget
+) -> tuple[tp.dependency.Group | None, str]:
+    """The root's full group, or None and the reason Torch-Pruning could not build it (within the budget's limit,
+    in memory, or at all): one unit left out, never the whole run."""
+    seconds = budget.limit()
     try:
-        with time_limit(GROUP_SEARCH_SECONDS):
+        with time_limit(seconds):
             return full_group(graph, root), ""
     except TimeLimitReached:
-        return None, f"Torch-Pruning's group search did not finish in {GROUP_SEARCH_SECONDS:g} s"
+        budget.ran_out(seconds)
+        return None, f"Torch-Pruning's group search did not finish in {seconds:g} s"
     except MemoryError:
         return None, "Torch-Pruning's group search ran out of memory"
     except Exception as error:  # Torch-Pruning's index mapping fails on some graphs: report the unit, go on
