@@ -303,3 +303,30 @@ def test_budget_plan_and_report_over_every_unit_of_a_vit(tmp_path: Path) -> None
     assert 1 - pruned.macs / plan.dense.macs >= 0.2
     files = write_report(path, tmp_path / "report")
     assert "encoder.layers.encoder_layer_0.self_attention.heads" in Path(files.html).read_text()
+
+
+class GainConv(nn.Conv2d):
+    """A conv with a per-filter gain parameter, like timm's ScaledStdConv2d in NFNets."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.gain = nn.Parameter(torch.rand(self.out_channels, 1, 1, 1) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._conv_forward(x, self.weight * self.gain, self.bias)
+
+
+def test_per_filter_parameters_of_a_conv_subclass_are_removed_with_the_filters() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(GainConv(3, 8, 3, padding=1), nn.ReLU(), GainConv(8, 6, 3), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(6, 4)).eval()  # fmt: skip
+    example = torch.randn(2, 3, 8, 8)
+    param = next(p for p in find_prunable(model, example) if p.name == "0.weight")
+    channels = [1, 4, 6]
+    result = MaskCheck(model, build_dependency_graph(model, example), example).choose(param, channels, None)
+    assert result.mode == "mask", result.difference  # it used to fail: the gain kept 8 entries for 5 filters
+    copy = pruned_copy(model, "0", channels, example)
+    assert torch.equal(copy[0].gain, model[0].gain[[0, 2, 3, 5, 7]])
+    predicted = CostModel(model, example).variant(build_dependency_graph(model, example), "0", channels)
+    measured = count_cost(copy, example)
+    assert (predicted.macs, predicted.params) == (measured.macs, measured.params)

@@ -41,7 +41,7 @@ import torch_pruning as tp
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from analysis.structure.groups import eval_mode, is_out_channel_item, removal_group
+from analysis.structure.groups import eval_mode, is_out_channel_item, per_channel_extras, removal_group
 from analysis.structure.heads import PrunedMultiheadAttention, mha_shapes
 
 CONVENTIONS: dict[str, str] = {
@@ -324,6 +324,8 @@ def _pruned_shapes(
         if out_idxs or in_idxs:
             yield module.weight, weight
         yield from shrink(module.bias, 0, len(out_idxs))
+        for _, extra in per_channel_extras(module):
+            yield from shrink(extra, 0, len(out_idxs))
     elif isinstance(module, nn.MultiheadAttention):  # heads: in_idxs are the heads' channels of a q/k/v block
         if out_idxs:
             raise NotImplementedError("cannot size a MultiheadAttention after removing embedding channels")

@@ -198,6 +198,18 @@ def is_out_channel_item(graph: tp.DependencyGraph, item: Any) -> bool:
     return out_side
 
 
+def per_channel_extras(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Parameters a conv subclass holds beside weight and bias with one entry per output channel on their first
+    dimension (timm's ``ScaledStdConv2d.gain`` in NFNets): Torch-Pruning leaves them, so removal slices them too."""
+    if not isinstance(module, nn.modules.conv._ConvNd) or module.transposed:
+        return []
+    return [
+        (name, param)
+        for name, param in module.named_parameters(recurse=False)
+        if name not in ("weight", "bias") and param.dim() >= 1 and param.shape[0] == module.out_channels
+    ]
+
+
 def is_grouped_conv(module: nn.Module) -> bool:
     """True for convs with 1 < groups < channels (ResNeXt/RegNet style), which need even removal per conv group."""
     return isinstance(module, CONV_TYPES) and module.groups > 1 and not is_depthwise(module)

@@ -18,6 +18,7 @@ from analysis.structure.groups import (
     build_dependency_graph,
     is_grouped_conv,
     is_out_channel_item,
+    per_channel_extras,
     removal_group,
     unit_kind,
 )
@@ -61,7 +62,11 @@ def _remove(clone: nn.Module, root_name: str, channels: Sequence[int], example_i
         elif isinstance(module, nn.Parameter):
             _replace_parameter(clone, param_names[module], item.dep(idxs))
         else:
+            extras = per_channel_extras(module) if is_out_channel_item(graph, item) else []
             item.dep(idxs)
+            for name, extra in extras:
+                kept = [i for i in range(extra.shape[0]) if i not in set(idxs)]
+                setattr(module, name, nn.Parameter(extra.data[kept].clone(), requires_grad=extra.requires_grad))
 
 
 def _remove_grouped_conv_inputs(conv: nn.Conv2d, channels: Sequence[int]) -> None:
