@@ -454,3 +454,19 @@ def test_time_limit_restores_the_previous_alarm_handler() -> None:
     with time_limit(5.0):
         time.sleep(0.01)  # a block that finishes in time is not interrupted later
     time.sleep(0.05)
+
+
+def test_a_model_torch_pruning_cannot_trace_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchvision's ShuffleNetV2 and Swin-S/B make Torch-Pruning's graph building raise deep inside its index
+    mapping; that is a ModelError naming the model (exit code 2 on the command line), not a traceback."""
+    import torch_pruning as tp
+
+    from analysis.errors import ModelError
+
+    def broken(self, model, example_inputs, verbose):  # the failure torchvision's shufflenet_v2 gives
+        raise ZeroDivisionError("integer division or modulo by zero")
+
+    monkeypatch.setattr(tp.DependencyGraph, "build_dependency", broken)
+    expected = r"^Torch-Pruning cannot trace the channel dependencies of this TinyResNet \(ZeroDivisionError: integer"
+    with pytest.raises(ModelError, match=expected):
+        find_prunable(tiny_resnet().eval(), torch.randn(TINY_IMAGE))

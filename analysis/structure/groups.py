@@ -24,7 +24,7 @@ from torch import nn
 from torch_pruning import ops
 
 from analysis.config import UNIT_KINDS
-from analysis.errors import ConfigError, did_you_mean
+from analysis.errors import ConfigError, ModelError, did_you_mean
 from analysis.structure._time_limit import TimeLimitReached, time_limit
 from analysis.structure.heads import HEADS_SUFFIX, head_layout, heads_group, is_attention, layout_problem, projections
 
@@ -133,7 +133,16 @@ def build_dependency_graph(model: nn.Module, example_input: torch.Tensor) -> tp.
     """Trace ``model`` on ``example_input`` (one sample is enough) into a Torch-Pruning dependency graph."""
     example = example_input[:1].detach().clone()
     with all_parameters_require_grad(model), torch.enable_grad():
-        return tp.DependencyGraph().build_dependency(model, example_inputs=example, verbose=False)
+        try:
+            return tp.DependencyGraph().build_dependency(model, example_inputs=example, verbose=False)
+        except Exception as error:  # Torch-Pruning fails on some graphs (torchvision ShuffleNetV2, Swin-S/B)
+            if isinstance(error, MemoryError) or "can't allocate memory" in str(error):
+                raise
+            text = str(error).splitlines()[0][:160] if str(error) else ""
+            raise ModelError(
+                f"Torch-Pruning cannot trace the channel dependencies of this {type(model).__name__} "
+                f"({type(error).__name__}: {text}), so none of its units can be analysed."
+            ) from error
 
 
 def conv_execution_order(
