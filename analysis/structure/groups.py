@@ -13,6 +13,8 @@ evenly across their conv groups.
 from __future__ import annotations
 
 import logging
+import os
+import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,8 +44,8 @@ PASS_THROUGH = {
     ops.OPTYPE.OUTPUT,
 }
 GROUP_SEARCH_SECONDS = 10.0
-"""Longest Torch-Pruning may search for one unit's group before the unit is left out with that reason (groups of
-ordinary models take milliseconds; a few architectures make the search run away, see :mod:`._time_limit`)."""
+"""Most CPU time Torch-Pruning may spend searching one unit's group before the unit is left out with that reason
+(groups of ordinary models take milliseconds; a few architectures make the search run away, see :mod:`._time_limit`)."""
 RUNAWAY_BUDGET_SECONDS = 60.0
 """Time one description may lose to searches that ran out; past it every further search gets
 :data:`LATE_SEARCH_SECONDS` (timm's EfficientViT-M0 has 45 runaway units: 7.5 minutes at 10 s each)."""
@@ -136,13 +138,21 @@ def build_dependency_graph(model: nn.Module, example_input: torch.Tensor) -> tp.
         try:
             return tp.DependencyGraph().build_dependency(model, example_inputs=example, verbose=False)
         except Exception as error:  # Torch-Pruning fails on some graphs (torchvision ShuffleNetV2, Swin-S/B)
-            if isinstance(error, MemoryError) or "can't allocate memory" in str(error):
-                raise
+            if not _raised_in_torch_pruning(error) or "can't allocate memory" in str(error):
+                raise  # the model's own forward, or the machine
             text = str(error).splitlines()[0][:160] if str(error) else ""
             raise ModelError(
                 f"Torch-Pruning cannot trace the channel dependencies of this {type(model).__name__} "
                 f"({type(error).__name__}: {text}), so none of its units can be analysed."
             ) from error
+
+
+def _raised_in_torch_pruning(error: BaseException) -> bool:
+    """True when the innermost frame of ``error`` is Torch-Pruning's code (not the model's forward, not torch)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return (
+        bool(frames) and f"{os.sep}torch_pruning{os.sep}" in frames[-1].filename and not isinstance(error, MemoryError)
+    )
 
 
 def conv_execution_order(
@@ -373,7 +383,7 @@ def _describe(
 
 
 class _SearchBudget:
-    """The time limit of the next group search: :data:`GROUP_SEARCH_SECONDS` until searches that ran out have
+    """The CPU-time limit of the next group search: :data:`GROUP_SEARCH_SECONDS` until searches that ran out have
     used :data:`RUNAWAY_BUDGET_SECONDS`, then :data:`LATE_SEARCH_SECONDS`."""
 
     def __init__(self) -> None:
@@ -397,7 +407,7 @@ def _search_group(
             return full_group(graph, root), ""
     except TimeLimitReached:
         budget.ran_out(seconds)
-        return None, f"Torch-Pruning's group search did not finish in {seconds:g} s"
+        return None, f"Torch-Pruning's group search did not finish in {seconds:g} s of CPU time"
     except MemoryError:
         return None, "Torch-Pruning's group search ran out of memory"
     except Exception as error:  # Torch-Pruning's index mapping fails on some graphs: report the unit, go on
