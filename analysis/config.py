@@ -335,19 +335,14 @@ def validate_budget(s: SensitivityConfig) -> None:
 
 
 def validate_label_free(g: GlobalConfig, s: SensitivityConfig) -> None:
-    """Without labels (``Global.labels: none``) only the label-free metrics can be measured, and nothing that scores
-    accuracy against labels (verification, the measured plan method) can run."""
+    """Without labels (``Global.labels: none``) only the label-free metrics can be measured (verification then
+    measures the same metric), and the measured plan method, which scores top1 against labels, cannot run."""
     if g.labels != "none":
         return
     if s.metric not in LABEL_FREE_METRICS:
         raise ConfigError(
             f"Global.labels is none, so SensitivityAnalysis.metric must be agreement or kl (top1, top5 and ce need "
             f"labels), got '{printable(s.metric)}'."
-        )
-    if s.verify:
-        raise ConfigError(
-            "SensitivityAnalysis.verify measures top1 against labels, which Global.labels: none turns off; set "
-            "verify: false, or give the list file labels and set Global.labels: required."
         )
     budget = s.target_macs_reduction is not None or s.target_params_reduction is not None
     if s.plan_method == "measured" and budget:

@@ -248,8 +248,6 @@ BAD = {
     "labels none, metric top1": ("none", {}, r"Global\.labels is none, so SensitivityAnalysis\.metric must be "
                                  r"agreement or kl \(top1, top5 and ce need labels\), got 'top1'"),
     "unknown labels mode": ("maybe", {"metric": "kl"}, r"Global\.labels must be one of required, none, got 'maybe'"),
-    "labels none, verify": ("none", {"metric": "kl", "verify": True, "target_loss": 0.01},
-                            r"SensitivityAnalysis\.verify measures top1 against labels.*Global\.labels: none"),
     "labels none, measured plan": ("none", {"metric": "kl", "target_macs_reduction": 0.3, "plan_method": "measured"},
                                    r"SensitivityAnalysis\.plan_method: measured scores plans .*Global\.labels: none"),
     "unknown metric": ("none", {"metric": "kld"}, r"SensitivityAnalysis\.metric must be one of top1, top5, ce, "
@@ -369,3 +367,27 @@ def test_the_report_says_what_a_label_free_loss_is(
     png = io.BytesIO()
     Image.new("RGB", (1, 1)).save(png, format="PNG")
     assert html.escape(defined) in render_html(analysis, png.getvalue(), png.getvalue(), png.getvalue())
+
+
+@pytest.mark.parametrize("metric", ["agreement", "kl"])
+def test_a_plan_from_a_label_free_analysis_is_verified_on_that_metric(
+    cli: Cli, tmp_path: Path, weights: Path, metric: str
+) -> None:
+    """Without labels the verification compares the pruned model with the dense one, as the analysis did."""
+    data = write_colour_images(tmp_path / "data", labelled=False)
+    path = config(tmp_path, data, weights, metric=metric, target_macs_reduction=0.2, verify=True,
+                  export_dir=str(tmp_path / "export"))  # fmt: skip
+    result = cli("--config_path", path, "--no_report")
+    assert result.code == 0, result.err
+    verification = load_sidecar(tmp_path / "a" / "s.pkl")["plan"]["verification"]
+    images = evaluation_images(data)
+    exported = torch.load(tmp_path / "export" / "pruned_model.pt", weights_only=False)  # holds what was measured
+    with torch.inference_mode():
+        dense, pruned = dense_model()(images).double(), exported(images).double()
+    agreement = float((pruned.argmax(dim=1) == dense.argmax(dim=1)).double().mean())
+    p_dense = dense.softmax(dim=1)
+    kl = float((p_dense * (p_dense.log() - pruned.log_softmax(dim=1))).sum(dim=1).mean())
+    expected = 1.0 - agreement if metric == "agreement" else kl
+    assert verification["measured_loss"][metric] == pytest.approx(expected, abs=1e-6)
+    assert "top1" not in verification["baseline"]  # no labels, no accuracy
+    assert f"{metric} " in result.out and "measured loss" in result.out

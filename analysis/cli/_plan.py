@@ -6,15 +6,19 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torch import nn
+
 from analysis.cli._exit import EXIT_OK
 from analysis.cli._job import run_job
 from analysis.cli._logs import setup_logging
-from analysis.config import PLAN_METHODS, Config, config_from_data, load_config
+from analysis.config import LABEL_FREE_METRICS, PLAN_METHODS, Config, config_from_data, load_config
+from analysis.engine._fidelity import Scoring as MetricScoring
+from analysis.engine._fidelity import fidelity_evaluator
 from analysis.engine.batchnorm import recalibrate_copy
 from analysis.engine.evaluate import evaluate
 from analysis.errors import AnalysisFileError, ConfigError
@@ -114,9 +118,9 @@ def run_plan_step(
         result = PlanResult(plan, None)
     pruned, batchnorm = None, None
     if s.verify:
+        baseline, evaluator = _evaluation(config, inputs, analysis_file, progress)
         pruned, result.verification = verify_plan(
-            model, plan, lambda m: evaluate(m, inputs.loader, progress=progress, desc="verify").metrics(), example,
-            _baseline(inputs, analysis_file, progress), calibration=inputs.calibration,
+            model, plan, evaluator, example, baseline, calibration=inputs.calibration
         )  # fmt: skip
         recalibrated = result.verification.recalibrated
         if recalibrated is not None:
@@ -149,6 +153,20 @@ def _scoring(inputs: Inputs, search: SearchSettings, seed: int) -> Scoring:
 def _batchnorm_note(layers: list[str], calibration: dict[str, Any]) -> dict[str, Any]:
     """What ``pruned_channels.json`` says about the exported BatchNorm statistics."""
     return {"reestimated": True, "layers": layers, "calibration": calibration}
+
+
+def _evaluation(
+    config: Config, inputs: Inputs, analysis_file: Path, progress: bool | None
+) -> tuple[dict[str, Any], Callable[[nn.Module], dict[str, float]]]:
+    """The dense model's metrics and how a pruned model is evaluated: on the labels, or, after a label-free
+    analysis, against the dense model's own outputs on the same images (its metric is then measured too)."""
+    metric = config.SensitivityAnalysis.metric
+    if metric in LABEL_FREE_METRICS:
+        scoring = MetricScoring(metric, labelled=config.Global.labels != "none")
+        return fidelity_evaluator(scoring, inputs.model, inputs.loader, inputs.example_input.device)
+    return _baseline(inputs, analysis_file, progress), lambda m: evaluate(
+        m, inputs.loader, progress=progress, desc="verify"
+    ).metrics()
 
 
 def _baseline(inputs: Inputs, analysis_file: Path, progress: bool | None) -> dict[str, Any]:
@@ -210,13 +228,15 @@ def format_plan(result: PlanResult) -> str:
     verification = result.verification
     if verification is not None:
         losses = verification.losses()
+        shown = next(m for m in (*LABEL_FREE_METRICS, "top1") if m in verification.baseline)  # the analysis metric
+        also = "top5" if "top5" in losses else None
         lines.append(
-            f"verified (all groups pruned at once, predicted loss {plan.predicted_loss:+.4f}): top1 "
-            f"{verification.baseline['top1']:.4f} ->"
+            f"verified (all groups pruned at once, predicted loss {plan.predicted_loss:+.4f}): {shown} "
+            f"{verification.baseline[shown]:.4f} ->"
         )
         lines.append(
-            f"  raw (dense BatchNorm statistics):   top1 {verification.pruned['top1']:.4f} (measured loss "
-            f"{losses['top1']:+.4f}), top5 loss {losses.get('top5', float('nan')):+.4f}"
+            f"  raw (dense BatchNorm statistics):   {shown} {verification.pruned[shown]:.4f} (measured loss "
+            f"{losses[shown]:+.4f})" + (f", {also} loss {losses[also]:+.4f}" if also else "")
         )
         recalibrated = verification.recalibrated
         if recalibrated is None:
@@ -229,8 +249,8 @@ def format_plan(result: PlanResult) -> str:
             again = verification.losses(reestimated=True)
             lines.append(
                 f"  BatchNorm re-estimated ({len(recalibrated.layers)} layers, {recalibrated.images} calibration "
-                f"images): top1 {recalibrated.metrics['top1']:.4f} (measured loss {again['top1']:+.4f}), top5 loss "
-                f"{again.get('top5', float('nan')):+.4f}"
+                f"images): {shown} {recalibrated.metrics[shown]:.4f} (measured loss {again[shown]:+.4f})"
+                + (f", {also} loss {again[also]:+.4f}" if also else "")
             )
         v = verification
         lines.append(f"measured MACs {format_count(v.dense_cost['macs'])} -> {format_count(v.pruned_cost['macs'])}, "

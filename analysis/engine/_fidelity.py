@@ -13,11 +13,12 @@ ce) when the data has labels, and the label-free ones when the run's metric is o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from analysis.config import LABEL_FREE_METRICS
 from analysis.engine.evaluate import MetricSums
@@ -227,3 +228,30 @@ def image_count(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> int | N
     if isinstance(batches, Sequence):
         return sum(len(batch[0]) for batch in batches)
     return None
+
+
+def fidelity_evaluator(
+    scoring: Scoring, model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], device: torch.device
+) -> tuple[dict[str, float], Callable[[nn.Module], dict[str, float]]]:
+    """The dense ``model``'s metrics on ``batches`` and an evaluator scoring other models against its outputs there
+    (a plan from a label-free analysis is verified on the analysis's own metric, with or without labels)."""
+    recorder = scoring.recorder(None)
+    labelled = MetricSums() if scoring.labelled else None
+    images = 0
+    with torch.inference_mode():
+        for batch, labels, index in indexed_batches(batches, device):
+            logits = model(batch)
+            recorder.add(logits, index)
+            if labelled is not None:
+                labelled.add(logits, labels)
+            images += len(index)
+    dense = recorder.result()
+
+    def evaluate(other: nn.Module) -> dict[str, float]:
+        sums = scoring.sums(dense)
+        with torch.inference_mode():
+            for batch, labels, index in indexed_batches(batches, device):
+                sums.add(other(batch), labels, index)
+        return sums.metrics()
+
+    return scoring.baseline(dense, labelled, images), evaluate

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from analysis.config import LABEL_FREE_METRICS
 from analysis.engine.batchnorm import recalibrate_copy
 from analysis.engine.loss import relative_loss
 from analysis.inputs.calibration import CalibrationSet
@@ -30,6 +31,9 @@ from analysis.structure.flops import count_cost
 from analysis.structure.physical import jointly_pruned_copy
 
 logger = logging.getLogger(__name__)
+
+MEASURED = ("top1", "top5", "ce", *LABEL_FREE_METRICS)
+"""Metrics a verification compares with the dense model (the label-free ones after a label-free analysis)."""
 
 LATENCY_BATCHES = (1, 32)
 LATENCY_WARMUP = 2
@@ -63,15 +67,16 @@ class Verification:
     recalibrated: Recalibrated | None = None
 
     def losses(self, reestimated: bool = False) -> dict[str, float]:
-        """Measured relative loss of top1 and top5 (and ce, where lower is better) against the baseline: of the raw
-        pruned model, or with ``reestimated`` of the model with re-estimated BatchNorm statistics."""
+        """Measured relative loss of top1 and top5 (and ce, where lower is better; agreement and kl for a label-free
+        analysis) against the baseline: of the raw pruned model, or with ``reestimated`` of the model with
+        re-estimated BatchNorm statistics."""
         if reestimated and self.recalibrated is None:
             return {}
         pruned = self.recalibrated.metrics if reestimated and self.recalibrated is not None else self.pruned
         return {
             metric: relative_loss(self.baseline[metric], pruned[metric], metric)
-            for metric in ("top1", "top5", "ce")
-            if metric in self.baseline and metric in pruned and self.baseline[metric]
+            for metric in MEASURED
+            if metric in self.baseline and metric in pruned and (self.baseline[metric] or metric in LABEL_FREE_METRICS)
         }
 
     @property
@@ -150,7 +155,9 @@ def verify_plan(
         for size in latency_batches
     }
     verification = Verification(
-        baseline={k: float(v) for k, v in baseline.items() if k in ("top1", "top5", "ce", "images")},
+        baseline={
+            k: float(v) for k, v in baseline.items() if k in ("top1", "top5", "ce", *LABEL_FREE_METRICS, "images")
+        },
         pruned=metrics,
         predicted_loss=plan.predicted_loss,
         dense_cost={"macs": dense_cost.macs, "params": dense_cost.params},

@@ -391,7 +391,7 @@ def _plan_section(sidecar: Sidecar | None) -> str:
         reestimated = verification.reestimated
         again = (reestimated.measured_loss if reestimated is not None else None) or {}
         after = (reestimated.metrics if reestimated is not None else None) or {}
-        for metric in ("top1", "top5"):
+        for metric in ("top1", "top5", "agreement", "kl"):
             if metric in measured:
                 rows.append((f"measured {metric} loss, raw", _e(
                     f"{fixed(measured[metric])} ({metric} {fixed(baseline.get(metric))} -> "
