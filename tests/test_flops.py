@@ -22,7 +22,7 @@ from analysis.structure.flops import (
     format_count,
     layer_positions,
 )
-from analysis.structure.groups import PrunableParam, build_dependency_graph, conv_execution_order, describe_convs
+from analysis.structure.groups import PrunableParam, build_dependency_graph, describe_units, execution_order
 from analysis.structure.physical import pruned_copy
 
 from tiny_models import (
@@ -74,7 +74,7 @@ def check_variants(
 ) -> None:
     """Assert variant cost == cost of the physically pruned copy for the chosen params and ratios."""
     graph = build_dependency_graph(model, x)
-    params = params_of(describe_convs(model, graph, conv_execution_order(model, x)))
+    params = params_of(describe_units(model, graph, execution_order(model, x)))
     costs = CostModel(model, x)
     assert params
     for param in params:
@@ -116,7 +116,7 @@ def test_macs_match_flop_counter_dense_and_pruned(name: str) -> None:
     model = torchvision_model(name)
     x = torch.randn(SMALL)
     assert 2 * count_cost(model, x).macs == flop_counter_total(model, x)
-    params = describe_convs(model, build_dependency_graph(model, x), conv_execution_order(model, x))
+    params = describe_units(model, build_dependency_graph(model, x), execution_order(model, x))
     param = next(p for p in params if p.prunable and (p.conv_blocks or name != "regnet_y_400mf"))
     pruned = pruned_copy(model, param.module_name, some_channels(param, 0.5), x)
     pruned_cost = count_cost(pruned, x)

@@ -10,7 +10,7 @@ from torch import nn
 from analysis.structure.groups import (
     PrunableParam,
     build_dependency_graph,
-    conv_execution_order,
+    execution_order,
     find_prunable,
     full_group,
     is_depthwise,
@@ -217,8 +217,8 @@ def test_conv_never_called_is_unprunable_and_listed_last() -> None:
     assert params[0].prunable
     assert params[2].reason == "not used by the forward pass"
     assert params[2].shape == (8, 3, 3, 3)
-    assert conv_execution_order(model, torch.randn(TINY_IMAGE)) == ["conv", "fc"]
-    assert conv_execution_order(model, torch.randn(TINY_IMAGE), (nn.Conv2d,)) == ["conv"]
+    assert execution_order(model, torch.randn(TINY_IMAGE)) == ["conv", "fc"]
+    assert execution_order(model, torch.randn(TINY_IMAGE), (nn.Conv2d,)) == ["conv"]
 
 
 def test_conv_with_one_output_channel_is_unprunable() -> None:

@@ -24,8 +24,8 @@ from torch import nn
 from analysis.inputs.device import model_device
 from analysis.structure.groups import (
     build_dependency_graph,
-    conv_execution_order,
     eval_mode,
+    execution_order,
     find_prunable,
     is_grouped_conv,
     is_out_channel_item,
@@ -117,7 +117,7 @@ def trace_topology(model: nn.Module, example: torch.Tensor) -> Topology:
     """
     with eval_mode(model):
         graph = build_dependency_graph(model, example)
-        order = conv_execution_order(model, example, SET_LAYER_TYPES)
+        order = execution_order(model, example, SET_LAYER_TYPES)
     modules = dict(model.named_modules())
     names = {module: name for name, module in modules.items()}
     position = {name: index for index, name in enumerate(order)}

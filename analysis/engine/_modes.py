@@ -12,6 +12,7 @@ import torch_pruning as tp
 from torch import nn
 
 from analysis.engine.batchnorm import BatchNorm, layers_in_copy, reestimate, reestimated
+from analysis.inputs.device import is_out_of_memory
 from analysis.structure.groups import PrunableParam, removal_group
 from analysis.structure.masking import masked
 from analysis.structure.physical import pruned_copy
@@ -19,14 +20,6 @@ from analysis.structure.physical import pruned_copy
 logger = logging.getLogger(__name__)
 
 CHECK_IMAGES = 4  # images on which masking is compared with physical pruning (the difference shows on any image)
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """True for a failed allocation (CPU or GPU), which says nothing about whether a unit can be removed."""
-    text = str(error)
-    return isinstance(error, (MemoryError, torch.OutOfMemoryError)) or (
-        isinstance(error, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
-    )
 
 
 @dataclass

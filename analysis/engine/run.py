@@ -33,9 +33,9 @@ from analysis.structure.flops import CostModel
 from analysis.structure.groups import (
     PrunableParam,
     build_dependency_graph,
-    conv_execution_order,
-    describe_convs,
+    describe_units,
     eval_mode,
+    execution_order,
     select_params,
 )
 
@@ -117,9 +117,9 @@ def run_analysis(
     example_input = data.example_input
     with eval_mode(model), exclusive(analysis_file):  # training flags restored; one writer per analysis file
         graph = build_dependency_graph(model, example_input)
-        order = conv_execution_order(model, example_input)
+        order = execution_order(model, example_input)
         element = settings.granularity == "element"
-        params = element_params(model) if element else describe_convs(model, graph, order)
+        params = element_params(model) if element else describe_units(model, graph, order)
         analysed = select_params(
             params,
             selection.prune_params,

@@ -36,3 +36,11 @@ def model_device(model: nn.Module) -> torch.device:
     if tensor is None:
         tensor = next(model.buffers(), None)
     return tensor.device if tensor is not None else torch.device("cpu")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True for a failed allocation (CPU or GPU): the machine's limit, which says nothing about the model's units."""
+    text = str(error)
+    return isinstance(error, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(error, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
+    )

@@ -34,9 +34,9 @@ from analysis.structure.flops import Cost, CostModel, ShapeDelta, cost_summary
 from analysis.structure.groups import (
     PrunableParam,
     build_dependency_graph,
-    conv_execution_order,
-    describe_convs,
+    describe_units,
     eval_mode,
+    execution_order,
     removal_group,
 )
 
@@ -310,7 +310,7 @@ class Planner:
         self.model, self.measure, self.example_input = model, measure, example_input
         self.settings = dict(settings)
         self.graph: tp.DependencyGraph = build_dependency_graph(model, example_input)
-        self.params = describe_convs(model, self.graph, conv_execution_order(model, example_input))
+        self.params = describe_units(model, self.graph, execution_order(model, example_input))
         self.costs = CostModel(model, example_input)
         self.by_name = {p.name: p for p in self.params if p.prunable}
         self.round_to = int(settings.get("round_to", 1))

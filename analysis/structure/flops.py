@@ -204,7 +204,8 @@ class CostModel:
         self._owned = {id(m) for m in model.modules()} | {id(p) for p in model.parameters()}
         self._positions = layer_positions(model, example_input)
         self.dense = _macs_cost(model, self._positions)
-        self._weight_names = {id(w): name for name in self.dense.per_module for w in _layer_weights(model, name)}
+        self._weights = {name: _layer_weights(model, name) for name in self.dense.per_module}
+        self._weight_names = {id(w): name for name, weights in self._weights.items() for w in weights}
 
     def variant(self, graph: tp.DependencyGraph, root: nn.Module | str, channels: Sequence[int]) -> Cost:
         """The cost after removing ``channels`` of ``root``'s outputs (or heads) and everything coupled to them.
@@ -279,7 +280,7 @@ class CostModel:
         per_module = dict(self.dense.per_module)
         for name in {self._weight_names[key] for key in shapes if key in self._weight_names}:
             elements = 0
-            for weight in _layer_weights(self.model, name):
+            for weight in self._weights[name]:
                 elements += math.prod(shapes[id(weight)][1]) if id(weight) in shapes else weight.numel()
             per_module[name] = self._positions[name] * elements
         return Cost(sum(per_module.values()), params, "macs", per_module)

@@ -27,6 +27,7 @@ from torch_pruning import ops
 
 from analysis.config import UNIT_KINDS
 from analysis.errors import ConfigError, ModelError, did_you_mean
+from analysis.inputs.device import is_out_of_memory
 from analysis.structure._time_limit import TimeLimitReached, time_limit
 from analysis.structure.heads import HEADS_SUFFIX, head_layout, heads_group, is_attention, layout_problem, projections
 
@@ -106,15 +107,16 @@ def unit_kind(module: nn.Module) -> str | None:
     return None
 
 
-def unit_size(module: nn.Module) -> int:
-    """How many channels, features or heads the unit rooted at ``module`` has."""
+def unit_shape(module: nn.Module) -> tuple[int, ...]:
+    """The shape of the unit rooted at ``module``: its weight's, or ``(heads, head_dim)``; the first entry is how
+    many channels, features or heads it has."""
     layout = head_layout(module)
     if layout is not None:
-        return layout.heads
-    if isinstance(module, nn.Linear):
-        return module.out_features
-    assert isinstance(module, CONV_TYPES), f"not a unit root: {type(module).__name__}"
-    return module.out_channels
+        return (layout.heads, layout.head_dim)
+    assert unit_kind(module) is not None, f"not a unit root: {type(module).__name__}"
+    weight = module.weight
+    assert isinstance(weight, torch.Tensor)
+    return tuple(weight.shape)
 
 
 @contextmanager
@@ -138,7 +140,7 @@ def build_dependency_graph(model: nn.Module, example_input: torch.Tensor) -> tp.
         try:
             return tp.DependencyGraph().build_dependency(model, example_inputs=example, verbose=False)
         except Exception as error:  # Torch-Pruning fails on some graphs (torchvision ShuffleNetV2, Swin-S/B)
-            if not _raised_in_torch_pruning(error) or "can't allocate memory" in str(error):
+            if not _raised_in_torch_pruning(error) or is_out_of_memory(error):
                 raise  # the model's own forward, or the machine
             text = str(error).splitlines()[0][:160] if str(error) else ""
             raise ModelError(
@@ -150,12 +152,10 @@ def build_dependency_graph(model: nn.Module, example_input: torch.Tensor) -> tp.
 def _raised_in_torch_pruning(error: BaseException) -> bool:
     """True when the innermost frame of ``error`` is Torch-Pruning's code (not the model's forward, not torch)."""
     frames = traceback.extract_tb(error.__traceback__)
-    return (
-        bool(frames) and f"{os.sep}torch_pruning{os.sep}" in frames[-1].filename and not isinstance(error, MemoryError)
-    )
+    return bool(frames) and f"{os.sep}torch_pruning{os.sep}" in frames[-1].filename
 
 
-def conv_execution_order(
+def execution_order(
     model: nn.Module, example_input: torch.Tensor, layer_types: tuple[type[nn.Module], ...] | None = None
 ) -> list[str]:
     """Names of the ``layer_types`` modules (default: every unit root, see :func:`unit_kind`) in the order the
@@ -200,7 +200,7 @@ def output_modules(graph: tp.DependencyGraph) -> set[nn.Module]:
 
 def full_group(graph: tp.DependencyGraph, root: nn.Module) -> tp.dependency.Group:
     """The group of every output channel (or head) of the unit rooted at ``root``, for inspection and ranking."""
-    return removal_group(graph, root, range(unit_size(root)))
+    return removal_group(graph, root, range(unit_shape(root)[0]))
 
 
 def removal_group(graph: tp.DependencyGraph, root: nn.Module, channels: Sequence[int]) -> tp.dependency.Group:
@@ -263,10 +263,10 @@ def find_prunable(model: nn.Module, example_input: torch.Tensor) -> list[Prunabl
     reason it is not prunable."""
     with eval_mode(model):
         graph = build_dependency_graph(model, example_input)
-        return describe_convs(model, graph, conv_execution_order(model, example_input))
+        return describe_units(model, graph, execution_order(model, example_input))
 
 
-def describe_convs(model: nn.Module, graph: tp.DependencyGraph, order: Sequence[str]) -> list[PrunableParam]:
+def describe_units(model: nn.Module, graph: tp.DependencyGraph, order: Sequence[str]) -> list[PrunableParam]:
     """Build a :class:`PrunableParam` for each unit root in ``order`` (plus roots never run, at the end)."""
     modules = dict(model.named_modules())
     names: dict[object, str] = {module: name for name, module in modules.items()}
@@ -299,20 +299,11 @@ def _projection_owners(modules: dict[str, nn.Module]) -> dict[nn.Module, str]:
     return owners
 
 
-def _shape(module: nn.Module) -> tuple[int, ...]:
-    layout = head_layout(module)
-    if layout is not None:
-        return (layout.heads, layout.head_dim)
-    weight = module.weight
-    assert isinstance(weight, torch.Tensor)
-    return tuple(weight.shape)
-
-
 def _unused(name: str, module: nn.Module, owners: dict[nn.Module, str]) -> PrunableParam:
     """A root the forward pass never calls: an attention's inner projection, or a layer the model does not use."""
     kind = unit_kind(module)
     assert kind is not None
-    param = PrunableParam(unit_name(name, module), name, _shape(module), "not used by the forward pass", kind=kind)
+    param = PrunableParam(unit_name(name, module), name, unit_shape(module), "not used by the forward pass", kind=kind)
     if module in owners:
         param.reason = _projection_reason(owners[module])
     return param
@@ -333,7 +324,7 @@ def _describe(
 ) -> PrunableParam:
     kind = unit_kind(root)
     assert kind is not None
-    param = PrunableParam(unit_name(name, root), name, _shape(root), kind=kind)
+    param = PrunableParam(unit_name(name, root), name, unit_shape(root), kind=kind)
     if kind == "heads":
         return _describe_heads(param, root, graph, names)
     if root in owners:

@@ -139,7 +139,7 @@ def heads_group(graph: tp.DependencyGraph, module: nn.Module, heads: Sequence[in
     qkv, proj = (graph.module2node[layer] for layer in projections(module))
     group.add_dep(tp.dependency.Dependency(None, tp.prune_linear_out_channels, qkv, qkv), layout.qkv_rows(heads))
     group.add_dep(tp.dependency.Dependency(None, tp.prune_linear_in_channels, proj, proj), channels)
-    for table in _per_head_tables(module, layout):
+    for _, table in _per_head_tables(module, layout):
         node = graph.module2node.get(table)
         if node is not None and node.pruning_dim % table.dim() == table.dim() - 1:
             group.add_dep(tp.dependency.Dependency(None, tp.prune_parameter_out_channels, node, node), sorted(heads))
@@ -213,11 +213,9 @@ def remove_heads(model: nn.Module, name: str, heads: Sequence[int]) -> None:
     norm = getattr(module, "norm", None)
     if isinstance(norm, nn.LayerNorm) and tuple(norm.normalized_shape) == (layout.width,):
         _keep_norm(norm, channels)
-    for attr in _PER_HEAD_TABLES:
-        table = getattr(module, attr, None)
-        if isinstance(table, torch.Tensor) and table.shape[-1] == layout.heads:
-            kept = [h for h in range(layout.heads) if h not in gone]
-            setattr(module, attr, nn.Parameter(table.data[..., kept].clone(), requires_grad=table.requires_grad))
+    kept = _kept(layout.heads, gone)
+    for attr, table in _per_head_tables(module, layout):
+        setattr(module, attr, nn.Parameter(table.data[..., kept].clone(), requires_grad=table.requires_grad))
     _set_heads(module, layout.heads - len(gone), layout.head_dim)
 
 
@@ -226,18 +224,17 @@ def with_heads(module: nn.Module, heads: int) -> nn.Module:
     tables of the new size; its Linear layers are resized by the caller): the skeleton a state_dict loads into."""
     layout = head_layout(module)
     assert layout is not None and not isinstance(module, nn.MultiheadAttention)
-    for attr in _PER_HEAD_TABLES:
-        table = getattr(module, attr, None)
-        if isinstance(table, torch.Tensor) and table.shape[-1] == layout.heads:
-            shape = (*table.shape[:-1], heads)
-            setattr(module, attr, nn.Parameter(table.data.new_empty(shape), requires_grad=table.requires_grad))
+    for attr, table in _per_head_tables(module, layout):
+        shape = (*table.shape[:-1], heads)
+        setattr(module, attr, nn.Parameter(table.data.new_empty(shape), requires_grad=table.requires_grad))
     _set_heads(module, heads, layout.head_dim)
     return module
 
 
-def _per_head_tables(module: nn.Module, layout: HeadLayout) -> list[torch.Tensor]:
-    tables = [getattr(module, attr, None) for attr in _PER_HEAD_TABLES]
-    return [t for t in tables if isinstance(t, nn.Parameter) and t.shape[-1] == layout.heads]
+def _per_head_tables(module: nn.Module, layout: HeadLayout) -> list[tuple[str, nn.Parameter]]:
+    """The module's per-head tables (one entry per head on the last dimension), by attribute name."""
+    tables = [(attr, getattr(module, attr, None)) for attr in _PER_HEAD_TABLES]
+    return [(attr, t) for attr, t in tables if isinstance(t, nn.Parameter) and t.shape[-1] == layout.heads]
 
 
 def _kept(size: int, removed: Sequence[int]) -> list[int]:

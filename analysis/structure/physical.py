@@ -64,8 +64,9 @@ def _remove(clone: nn.Module, root_name: str, channels: Sequence[int], example_i
         else:
             extras = per_channel_extras(module) if is_out_channel_item(graph, item) else []
             item.dep(idxs)
+            gone = set(idxs)
             for name, extra in extras:
-                kept = [i for i in range(extra.shape[0]) if i not in set(idxs)]
+                kept = [i for i in range(extra.shape[0]) if i not in gone]
                 setattr(module, name, nn.Parameter(extra.data[kept].clone(), requires_grad=extra.requires_grad))
 
 
