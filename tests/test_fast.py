@@ -74,3 +74,29 @@ def test_engine_is_validated(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"engine must be one of fast, reference, got 'turbo'"):
         analysis_prune(nn.Linear(1, 1), [], tmp_path / "s.pkl", engine="turbo")
+
+
+class OptionalScale(nn.Module):
+    """A CNN whose forward takes an optional argument and branches on it, as timm's ``forward(x, attn_mask=None)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                                      nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())  # fmt: skip
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.features(x)
+        if scale is not None:
+            x = x * scale
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+def test_a_forward_with_optional_arguments_runs_on_the_fast_engine(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = randomize(OptionalScale())
+    data = pseudo_labelled(model, batches(count=2))
+    with caplog.at_level(logging.INFO, logger="analysis"):
+        analyse_both(model, data, tmp_path, pruned_ratios=(0.25, 0.5), metric="ce")
+    assert "cannot trace" not in caplog.text and "differs from eager" not in caplog.text
