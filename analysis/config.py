@@ -123,7 +123,9 @@ class SensitivityConfig:
     metric_mode: str = "relative"
     group_reduction: str = "self"
     engine: str = "fast"
-    precision: float | None = None
+    precision: float | int | str | None = None
+    decision_error: float = 0.05
+    decision_precision: float | None = None
     granularity: str = "filter"
     units: list[str] | None = None
     early_stop_mode: str | None = None
@@ -271,11 +273,10 @@ def validate(config: Config) -> None:
     )
     for key, allowed in choices:
         check_choice(f"SensitivityAnalysis.{key}", getattr(s, key), allowed)
-    if s.precision is not None:
-        if not 0.0 < s.precision < 1.0:
-            raise ConfigError(f"SensitivityAnalysis.precision must be between 0 and 1 (e.g. 0.002), got {s.precision}.")
-        if s.engine != "fast":
-            raise ConfigError("SensitivityAnalysis.precision needs SensitivityAnalysis.engine: fast.")
+    check_sampling(
+        Sampling(s.precision, s.decision_error, s.decision_precision), s.engine, s.target_loss, s.early_stop_mode,
+        "SensitivityAnalysis.",
+    )  # fmt: skip
     if s.units is not None:
         check_units(s.units, "SensitivityAnalysis.units")
     if s.early_stop_mode is not None:
@@ -440,6 +441,71 @@ def describe(config: Config) -> str:
     if config.ignored_blocks:
         lines.append(f"  ignored blocks: {', '.join(config.ignored_blocks)}")
     return "\n".join(lines)
+
+
+DECISION = "decision"
+"""``precision: decision``: decision-driven sampling (see :mod:`analysis.engine._decision`)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How many images a variant is evaluated on: ``precision`` None (all: exact), a number (adaptive precision,
+    +-precision at 95%) or ``decision`` (until its side of ``target_loss`` is known, with a run-wide error rate of
+    ``decision_error``, or within +-``decision_precision`` if set)."""
+
+    precision: float | int | str | None = None
+    decision_error: float = 0.05
+    decision_precision: float | None = None
+
+    @property
+    def decision(self) -> bool:
+        """Whether decision-driven sampling is asked for."""
+        return self.precision == DECISION
+
+
+def check_sampling(
+    sampling: Sampling, engine: str, target_loss: float | None, early_stop_mode: str | None, prefix: str = ""
+) -> None:
+    """Refuse a sampling setting the run cannot honour, naming the key (``prefix`` + key).
+
+    Raises:
+        ConfigError: For a precision that is neither a fraction nor ``decision``, sampling without the fast engine,
+            decision-driven sampling without ``target_loss`` or with an early stop, or a bad error rate.
+    """
+    precision = sampling.precision
+    if precision is None:
+        if sampling.decision_precision is not None:
+            raise ConfigError(f"{prefix}decision_precision is set but {prefix}precision is not decision; set both.")
+        return
+    if isinstance(precision, str) and not sampling.decision:
+        raise ConfigError(
+            f"{prefix}precision must be a number between 0 and 1 (e.g. 0.002) or decision, "
+            f"got '{printable(precision)}'."
+        )
+    if not sampling.decision and not (isinstance(precision, (int, float)) and 0.0 < float(precision) < 1.0):
+        raise ConfigError(f"{prefix}precision must be between 0 and 1 (e.g. 0.002) or decision, got {precision}.")
+    if engine != "fast":
+        raise ConfigError(f"{prefix}precision needs {prefix}engine: fast.")
+    if not sampling.decision:
+        if sampling.decision_precision is not None:
+            raise ConfigError(f"{prefix}decision_precision applies to precision: decision, not to a number.")
+        return
+    if target_loss is None:
+        raise ConfigError(
+            f"{prefix}precision: decision settles each variant on its side of {prefix}target_loss; set target_loss "
+            "(e.g. 0.02)."
+        )
+    if early_stop_mode is not None:
+        raise ConfigError(
+            f"{prefix}precision: decision already skips the ratios above the first one settled above target_loss; "
+            f"remove {prefix}early_stop_mode."
+        )
+    error = sampling.decision_error
+    if not (0.0 < error < 1.0 and math.isfinite(error)):
+        raise ConfigError(f"{prefix}decision_error must be between 0 and 1 (e.g. 0.05), got {error}.")
+    extra = sampling.decision_precision
+    if extra is not None and not (0.0 < extra < 1.0):
+        raise ConfigError(f"{prefix}decision_precision must be between 0 and 1 (e.g. 0.005), got {extra}.")
 
 
 def check_target_loss(value: float | None, key: str) -> None:

@@ -96,7 +96,7 @@ def test_engine_records_intervals_that_cover_the_exact_losses(tmp_path: Path) ->
 
 
 def test_precision_needs_the_fast_engine(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"precision must be between 0 and 1 and needs engine='fast'"):
+    with pytest.raises(ConfigError, match=r"precision needs engine: fast"):
         analysis_prune(torch.nn.Linear(1, 1), [], tmp_path / "s.pkl", precision=0.01, engine="reference")
 
 

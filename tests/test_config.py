@@ -157,3 +157,24 @@ def test_data_dir_and_model_are_required(tmp_path: Path) -> None:
     path = write_config(tmp_path / "b.yaml", {"Global": {"data_dir": "x"}})
     with pytest.raises(ConfigError, match=r"Global has no model"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("analysis", "message"),
+    [
+        ({"precision": "decision"}, r"SensitivityAnalysis\.precision: decision .* set target_loss"),
+        ({"precision": "exact"}, r"SensitivityAnalysis\.precision must be a number between 0 and 1 .* or decision"),
+        ({"precision": 1}, r"SensitivityAnalysis\.precision must be between 0 and 1 .* got 1"),
+        ({"precision": "decision", "target_loss": 0.02, "decision_error": 0}, r"SensitivityAnalysis\.decision_error"),
+        ({"decision_precision": 0.01}, r"SensitivityAnalysis\.decision_precision is set but .*precision is not"),
+    ],
+)
+def test_sampling_settings_are_checked_with_their_keys(tmp_path: Path, analysis: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(minimal(tmp_path, SensitivityAnalysis=analysis))
+
+
+def test_decision_sampling_loads_with_its_target(tmp_path: Path) -> None:
+    analysis = {"precision": "decision", "target_loss": 0.02, "decision_precision": 0.004}
+    s = load_config(minimal(tmp_path, SensitivityAnalysis=analysis)).SensitivityAnalysis
+    assert (s.precision, s.target_loss, s.decision_error, s.decision_precision) == ("decision", 0.02, 0.05, 0.004)

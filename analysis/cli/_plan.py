@@ -28,6 +28,7 @@ from analysis.io._lock import exclusive
 from analysis.io.ratios_yaml import load_ratios_yaml, save_ratios_yaml
 from analysis.io.results import ratios_path
 from analysis.io.sidecar import ConfigRecord, Sidecar
+from analysis.planning._estimates import estimate_notice
 from analysis.planning.export import export_pruned
 from analysis.planning.measured import Scoring, SearchSettings, build_measured_plan
 from analysis.planning.plan import Plan, build_plan, plan_from_ratios
@@ -49,6 +50,7 @@ class PlanResult:
     ratios_file: Path | None
     verification: Verification | None = None
     exported: dict[str, Path] | None = None
+    estimates: str | None = None
 
 
 def plan_path(analysis_file: str | Path) -> Path:
@@ -116,6 +118,7 @@ def run_plan_step(
             raise ConfigError(f"No ratios to apply: {source} does not exist; set a budget or target_loss first.")
         plan = plan_from_ratios(model, example, analysis_file, load_ratios_yaml(source), source=str(source))
         result = PlanResult(plan, None)
+    result.estimates = estimate_notice(analysis_file)
     pruned, batchnorm = None, None
     if s.verify:
         baseline, evaluator = _evaluation(config, inputs, analysis_file, progress)
@@ -226,6 +229,11 @@ def format_plan(result: PlanResult) -> str:
     if result.ratios_file is not None:
         lines.append(f"ratios as an ACT ChannelPrune block: {result.ratios_file}")
     verification = result.verification
+    if result.estimates is not None:
+        check = "; the verification below measures it" if verification is not None else (
+            "; measure it: python run.py verify --config_path <config> (or SensitivityAnalysis.verify: true)"
+        )  # fmt: skip
+        lines.append(f"note: {result.estimates}{check}.")
     if verification is not None:
         losses = verification.losses()
         shown = next(m for m in (*LABEL_FREE_METRICS, "top1") if m in verification.baseline)  # the analysis metric

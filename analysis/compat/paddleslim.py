@@ -16,9 +16,11 @@ from analysis.config import (
     GROUP_REDUCTIONS,
     METRIC_MODES,
     METRICS,
+    Sampling,
     SensitivityConfig,
     check_choice,
     check_granularity,
+    check_sampling,
     check_units,
     normalise_ratios,
 )
@@ -52,7 +54,7 @@ def analysis_prune(
     overwrite: bool = False,
     progress: bool | None = None,
     engine: str = "fast",
-    precision: float | None = None,
+    precision: float | str | None = None,
     seed: int = 0,
     granularity: str = "filter",
     early_stop_mode: str | None = None,
@@ -61,6 +63,8 @@ def analysis_prune(
     adaptive_bn: bool = False,
     calibration: Batches | None = None,
     units: Sequence[str] | None = None,
+    decision_error: float = 0.05,
+    decision_precision: float | None = None,
 ) -> dict[str, float]:
     """Filter-pruning sensitivity of every prunable conv of ``model`` (and, by ``units``, of its Linear neurons and
     attention heads); writes the same files as ``run.py``.
@@ -84,7 +88,10 @@ def analysis_prune(
         progress: Show progress bars (default: only on a terminal).
         engine: ``fast`` (default; needs batches, same numbers) or ``reference`` (one full pass per variant).
         precision: Adaptive precision (fast engine, batches only): evaluate each variant on a random order of the
-            images (seeded by ``seed``) and stop once its loss is known within +-precision at 95% confidence.
+            images (seeded by ``seed``) and stop once its loss is known within +-precision at 95% confidence; or
+            ``"decision"`` (needs ``target_loss``): stop once it is known on which side of ``target_loss`` it lies,
+            skip the ratios above the first one settled above it, and complete the two the derived ratio
+            interpolates between on every image.
         seed: Seed of that order.
         granularity: ``filter`` (remove conv filters with their group) or ``element`` (zero the smallest-magnitude
             elements of each 2D/4D weight, linear layers included; ``prune_params`` then names any such weight).
@@ -99,6 +106,9 @@ def analysis_prune(
         units: The kinds of unit analysed: ``conv`` (filters), ``linear`` (neurons of Linear layers not producing
             the logits), ``heads`` (attention heads, named ``<module>.heads``). Default: ``conv`` only, as
             PaddleSlim (with ``granularity: element``, every 2D/4D weight).
+        decision_error: With ``precision="decision"``, the chance that any variant is settled on the wrong side of
+            ``target_loss`` (split over every variant and look, Bonferroni).
+        decision_precision: With ``precision="decision"``, also stop a variant once its loss is known within +-this.
 
     Returns:
         ``{param name: ratio}`` derived with ``target_loss`` (PaddleSlim's rule), or ``{}`` without one.
@@ -121,8 +131,7 @@ def analysis_prune(
         raise ConfigError(f"round_to must be a positive integer (1 = no rounding), got {round_to!r}.")
     if adaptive_bn and calibration is None:
         raise ConfigError("adaptive_bn=True needs calibration batches: pass calibration=<batches of training images>.")
-    if precision is not None and not (0.0 < precision < 1.0 and engine == "fast"):
-        raise ConfigError(f"precision must be between 0 and 1 and needs engine='fast', got {precision} with {engine}.")
+    check_sampling(Sampling(precision, decision_error, decision_precision), engine, target_loss, early_stop_mode)
     device = model_device(model)
     if callable(data):
         if example_input is None:
@@ -144,7 +153,8 @@ def analysis_prune(
     section = SensitivityConfig(
         pruned_ratios=ratios, criterion=criterion, group_reduction=group_reduction, metric=metric,
         metric_mode=metric_mode, engine=engine, precision=precision, granularity=granularity, round_to=round_to,
-        adaptive_bn=adaptive_bn,
+        adaptive_bn=adaptive_bn, target_loss=target_loss, decision_error=decision_error,
+        decision_precision=decision_precision,
     )  # fmt: skip
     settings = EngineSettings.from_section(section, seed=seed, progress=progress, early_stop=early_stop)
     calibration_fingerprint = None

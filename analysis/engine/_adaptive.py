@@ -40,12 +40,14 @@ class PairedEstimate:
         baseline: The baseline metric over the whole set (the loss's denominator in relative mode).
         relative: Relative loss (divide by the baseline) or absolute difference.
         discrete: The per-image metric is 0/1 (accuracies), which enables the pseudo-count variance.
+        z: Normal quantile of the interval (95% two-sided by default; decision-driven sampling sets its own).
     """
 
     population: int
     baseline: float
     relative: bool = True
     discrete: bool = True
+    z: float = Z_95
     count: int = 0
     total: float = 0.0
     total_squares: float = 0.0
@@ -71,7 +73,8 @@ class PairedEstimate:
         return self.total / self.count / self.scale if self.count else math.nan
 
     def half_width(self) -> float:
-        """95% confidence half-width of :meth:`loss`, with the finite-population correction."""
+        """Confidence half-width of :meth:`loss` (95% unless :attr:`z` says otherwise), with the finite-population
+        correction."""
         n = self.count
         if n < 2:
             return math.inf
@@ -83,10 +86,10 @@ class PairedEstimate:
             mean = self.total / n
             variance = max(0.0, (self.total_squares - n * mean * mean) / (n - 1))
         correction = max(0.0, 1.0 - n / self.population)
-        return Z_95 * math.sqrt(variance / n * correction) / self.scale
+        return self.z * math.sqrt(variance / n * correction) / self.scale
 
     def interval(self) -> tuple[float, float]:
-        """The 95% interval of the loss."""
+        """The interval of the loss (see :meth:`half_width`)."""
         centre, width = self.loss(), self.half_width()
         return centre - width, centre + width
 

@@ -11,6 +11,7 @@ is run on a few images and compared with a full masked forward pass; a param who
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -19,12 +20,13 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from analysis.engine._adaptive import CONTINUOUS_METRICS, PairedEstimate, per_sample
+from analysis.engine._adaptive import CONTINUOUS_METRICS, Z_95, PairedEstimate, per_sample
+from analysis.engine._decision import Candidate, DecisionRule, ParamDecision
 from analysis.engine._fidelity import IndexedBatch, Scores, indexed_batches, per_image_fidelity
 from analysis.engine._partition import GraphRunner, NodeValues, Schedule, SuffixPlan, UntraceableModel
 from analysis.engine._variants import Prepared
 from analysis.engine.batchnorm import Estimation, batch_images, count_images
-from analysis.engine.loss import LOWER_IS_BETTER, divides_by_baseline, without_timing
+from analysis.engine.loss import LOWER_IS_BETTER, divides_by_baseline, relative_loss, without_timing
 from analysis.engine.reference import EngineReport, RunState, SensitivityEngine
 from analysis.engine.settings import Metrics
 from analysis.structure.groups import PrunableParam
@@ -38,7 +40,8 @@ CHUNK_SECONDS = 300.0  # estimated work per pass over the data; results are save
 @dataclass
 class Variant:
     """One (param, ratio) in flight: the slices to zero, the metric sums gathered over batches and, with adaptive
-    precision, the running paired estimate of its loss; with adaptive BN, its re-estimated BatchNorm statistics."""
+    precision or decision-driven sampling, the running paired estimate of its loss (and its decision); with adaptive
+    BN, its re-estimated BatchNorm statistics."""
 
     ratio: float
     slices: list[Slice]
@@ -46,6 +49,7 @@ class Variant:
     estimate: PairedEstimate | None = None
     done: bool = False
     batchnorm: Estimation | None = None
+    candidate: Candidate | None = None
 
 
 @dataclass
@@ -65,6 +69,7 @@ class FastSensitivityEngine(SensitivityEngine):
         self.runner: GraphRunner | None = None
         self.order = torch.empty(0, dtype=torch.long)  # adaptive precision: the random order of the images
         self.per_image: dict[str, torch.Tensor] = {}  # adaptive precision: every image's baseline values by metric
+        self.rule: DecisionRule | None = None  # decision-driven sampling: when a variant settles
         try:
             self.runner = GraphRunner(self.model)
         except UntraceableModel as error:
@@ -77,7 +82,7 @@ class FastSensitivityEngine(SensitivityEngine):
         keeping every image's baseline values for the paired differences (top1/top5/ce with labels; for a label-free
         metric the dense outputs, against which the dense model scores 1 or 0 per image); the stored baseline is not
         reused, it lacks them. Otherwise the reference engine's baseline."""
-        if self.settings.precision is None:
+        if not self.settings.sampled:
             return super().measure_baseline()
         assert self.data.batches is not None  # the fast engine is only made for data given as batches
         start = time.perf_counter()
@@ -89,7 +94,17 @@ class FastSensitivityEngine(SensitivityEngine):
         if self.scoring.label_free:
             self.per_image[self.settings.metric] = self.scoring.dense_per_image(images_total)
         metrics["seconds"] = round(time.perf_counter() - start, 3)
-        self.store_baseline(metrics, f" (adaptive precision +-{self.settings.precision:g})")
+        decision = self.settings.decision
+        if decision is None:
+            self.store_baseline(metrics, f" (adaptive precision +-{self.settings.precision:g})")
+            return metrics
+        variants = decision.variants or 1
+        self.rule = DecisionRule.build(decision.target, decision.error, images_total, variants, self.settings.precision)
+        self.store_baseline(
+            metrics,
+            f" (decision-driven sampling: each variant settled above or below target_loss {decision.target:g}; "
+            f"chance of any wrong decision <= {decision.error:g} over {variants} variant(s), z = {self.rule.z:.2f})",
+        )
         return metrics
 
     def run_params(self, params: Sequence[PrunableParam], pending: Mapping[str, list[float]], state: RunState) -> None:
@@ -151,13 +166,15 @@ class FastSensitivityEngine(SensitivityEngine):
                     state.bar.update(len(ratios) - position - 1)
                     return None
                 continue
+            estimate = self._new_estimate(state.baseline)
             variants.append(
                 Variant(
                     ratio,
                     self.slices(prepared, ratio),
                     self.scoring.sums(self.dense),
-                    estimate=self._new_estimate(state.baseline),
+                    estimate=estimate,
                     batchnorm=Estimation(prepared.batchnorms) if self.settings.adaptive_bn else None,
+                    candidate=None if self.rule is None or estimate is None else Candidate(ratio, estimate),
                 )
             )
         checked = next((v for v in variants if prepared.removal[v.ratio] == prepared.check.channels), None)
@@ -169,7 +186,7 @@ class FastSensitivityEngine(SensitivityEngine):
         return Job(prepared, plan, variants) if variants else None
 
     def _new_estimate(self, baseline: Metrics) -> PairedEstimate | None:
-        if self.settings.precision is None:
+        if not self.settings.sampled:
             return None
         metric = self.settings.metric
         return PairedEstimate(
@@ -177,6 +194,7 @@ class FastSensitivityEngine(SensitivityEngine):
             baseline=float(baseline[metric]),
             relative=divides_by_baseline(metric, self.settings.metric_mode),
             discrete=metric not in CONTINUOUS_METRICS,
+            z=Z_95 if self.rule is None else self.rule.z,
         )
 
     def _split_matches_eager(self, plan: SuffixPlan, variant: Variant, prepared: Prepared) -> bool:
@@ -218,6 +236,9 @@ class FastSensitivityEngine(SensitivityEngine):
         start = time.perf_counter()
         if self.settings.adaptive_bn:
             self._calibrate(chunk, schedule)
+        if self.rule is not None:
+            self._decide_chunk(chunk, state)
+            return
         self._evaluate_chunk(chunk, schedule)
         seconds = time.perf_counter() - start
         variants = sum(len(job.variants) for job in chunk)
@@ -260,7 +281,7 @@ class FastSensitivityEngine(SensitivityEngine):
         by_plan = {id(job.plan): job for job in chunk}
         active = list(chunk)
         disable = self.progress_disabled()
-        adaptive = self.settings.precision is not None
+        adaptive = self.settings.sampled
         total = len(self.order) if adaptive else getattr(self.data.batches, "num_samples", None)
         with tqdm(total=total, desc=f"{len(chunk)} conv(s)", unit="img", disable=disable, leave=False) as inner:
             for images, labels, index in self._batches():
@@ -292,11 +313,111 @@ class FastSensitivityEngine(SensitivityEngine):
                         active = still
                         schedule = runner.schedule([job.plan for job in active])
 
+    def _decide_chunk(self, chunk: list[Job], state: RunState) -> None:
+        """Decision-driven sampling for a chunk: passes over the random order until no variant needs more images
+        (see :mod:`analysis.engine._decision`), then record the variants kept, in increasing ratio order."""
+        assert self.rule is not None
+        start = time.perf_counter()
+        decisions = {id(job): self._decision(job) for job in chunk}
+        while True:
+            needing = [c for decision in decisions.values() for c in decision.needing()]
+            if not needing:
+                break
+            self._decision_pass(chunk, decisions, min(c.count for c in needing), state.baseline)
+        seconds_each = (time.perf_counter() - start) / max(1, sum(len(job.variants) for job in chunk))
+        for job in chunk:
+            decision = decisions[id(job)]
+            kept = decision.kept()
+            for variant in job.variants:
+                candidate = variant.candidate
+                if candidate in kept:
+                    assert candidate is not None
+                    metrics = variant.sums.metrics()
+                    self.record(job.prepared, variant.ratio, metrics, state, seconds_each, variant.estimate,
+                                candidate.settled())  # fmt: skip
+            state.bar.update(len(job.variants) - len(kept))  # skipped: above a ratio decided above the target
+
+    def _decision(self, job: Job) -> ParamDecision:
+        """The decision over ``job``'s variants, with the sides of the param's ratios already in the file."""
+        assert self.rule is not None
+        candidates = [v.candidate for v in job.variants if v.candidate is not None]
+        recorded = self.store.sensitivities.get(job.prepared.param.name, {})
+        sides = {r: "above" if loss > self.rule.target else "below" for r, loss in recorded.items()}
+        return ParamDecision(self.rule, candidates, sides)
+
+    def _decision_pass(
+        self, chunk: list[Job], decisions: Mapping[int, ParamDecision], start: int, baseline: Metrics
+    ) -> None:
+        """One walk over the random order from image ``start``: each candidate that needs images runs on the batches
+        from its own count on; the walk ends once every candidate that still needs images is behind it (it waited
+        for an answer a settled variant gave later; the next walk starts from there)."""
+        assert self.runner is not None and self.data.batches is not None
+        runner = self.runner
+        of = {id(variant.candidate): variant for job in chunk for variant in job.variants}
+
+        def ahead(job: Job, position: int) -> list[Candidate]:
+            return [c for c in decisions[id(job)].needing() if c.count >= position]
+
+        active = [job for job in chunk if ahead(job, start)]
+        schedule = runner.schedule([job.plan for job in active])
+        position = start
+        total = len(self.order) - start
+        with tqdm(total=total, desc=f"{len(active)} unit(s)", unit="img", disable=self.progress_disabled(),
+                  leave=False) as inner:  # fmt: skip
+            for images, labels, index in ordered_batches(self.data.batches, self.order[start:]):
+                running = {id(c) for job in active for c in ahead(job, position) if c.count == position}
+                by_plan = {id(job.plan): job for job in active}
+                visit = functools.partial(self._run_candidates, by_plan, running, labels, index)
+                if running:
+                    with torch.inference_mode():
+                        runner.walk(images, schedule, visit)
+                position += int(labels.numel())
+                inner.update(int(labels.numel()))
+                for key in running:
+                    variant = of[key]
+                    assert variant.candidate is not None
+                    if variant.candidate.exact:
+                        variant.candidate.exact_loss = self._exact_loss(variant.sums.metrics(), baseline)
+                for job in active:
+                    decisions[id(job)].look()
+                still = [job for job in active if ahead(job, position)]
+                if not still:
+                    break
+                if len(still) < len(active):
+                    active = still
+                    schedule = runner.schedule([job.plan for job in active])
+
+    def _run_candidates(
+        self,
+        by_plan: Mapping[int, Job],
+        running: set[int],
+        labels: torch.Tensor,
+        index: torch.Tensor,
+        plan: SuffixPlan,
+        frontier: NodeValues,
+    ) -> None:
+        """Run the suffix of each ``running`` candidate of ``plan``'s job on one batch and add it to its estimate."""
+        assert self.runner is not None
+        for variant in by_plan[id(plan)].variants:
+            if id(variant.candidate) not in running:
+                continue
+            statistics = variant.batchnorm.applied() if variant.batchnorm else contextlib.nullcontext()
+            with zeroed(variant.slices), statistics:
+                logits = self.runner.run_suffix(plan, frontier)
+            variant.sums.add(logits, labels, index)
+            assert variant.estimate is not None
+            variant.estimate.add(self._worse_by(logits, labels, index))
+
+    def _exact_loss(self, metrics: Metrics, baseline: Metrics) -> float:
+        """The loss of a variant evaluated on every image, computed as the exact run computes it."""
+        metric = self.settings.metric
+        return relative_loss(baseline[metric], metrics[metric], metric, self.settings.metric_mode)
+
     def _batches(self) -> Iterator[IndexedBatch]:
         """The data for one pass with each image's sample index: in order, or in the baseline's random order for
         precision."""
         assert self.data.batches is not None  # the fast engine is only made for data given as batches
-        if self.settings.precision is not None:
+        if self.settings.sampled:
             yield from ordered_batches(self.data.batches, self.order)
             return
         yield from indexed_batches(self.data.batches, self.device)

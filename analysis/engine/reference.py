@@ -108,7 +108,8 @@ class SensitivityEngine:
         self.dense: DenseOutputs | None = None  # the dense model's outputs per image, for a label-free metric
         self.mask_check = MaskCheck(model, graph, data.example_input)
         self.check_input = self.mask_check.images
-        self.stops = StopLedger(store, settings.early_stop, settings.metric, settings.ratios)
+        target = None if settings.decision is None else settings.decision.target
+        self.stops = StopLedger(store, settings.early_stop, settings.metric, settings.ratios, target)
         self.costs = CostModel(model, data.example_input)  # MACs/params of the dense model and of each variant
         self._ranking = (settings.criterion, settings.group_reduction)
 
@@ -312,34 +313,46 @@ class SensitivityEngine:
         state: RunState,
         seconds: float,
         estimate: PairedEstimate | None = None,
+        settled: str | None = None,
     ) -> bool:
         """Turn a variant's metrics into its loss, save it under every sharing name, log one line; return whether
-        the early stop tripped (the param's larger ratios are then skipped).
+        the early stop tripped or, with decision-driven sampling, the variant was decided above the target (the
+        param's larger ratios are then skipped).
 
-        ``estimate`` (adaptive precision) supplies the loss estimated from paired differences and its interval.
+        ``estimate`` (adaptive precision, decision-driven sampling) supplies the loss estimated from paired
+        differences and its interval; ``settled`` says how a decision ended (a variant evaluated on every image
+        without an estimate is ``exact`` under decision-driven sampling). An ``exact`` loss is computed from the
+        metrics, as an exact run computes it.
         """
         param = prepared.param
         check_finite(metrics, f"variant {param.name} at ratio {ratio}")
         metric = self.settings.metric
-        if estimate is None:
+        if self.settings.decision is not None and estimate is None:
+            settled = "exact"
+        if estimate is None or settled == "exact":
             loss = relative_loss(state.baseline[metric], metrics[metric], metric, self.settings.metric_mode)
         else:
             loss = estimate.loss()
         variant = self._variant_record(prepared, ratio, loss, metrics, seconds, estimate)
-        stopped = self.stops.tripped(state.baseline, metrics)
+        variant.settled = settled
+        decided = self.stops.decided_above(loss, settled)
+        tripped = self.stops.tripped(state.baseline, metrics)
+        stopped = tripped or decided
         rule = self.stops.rule
         names = [n for n in prepared.names if not self.store.has(n, ratio)]
         if stopped:
-            self.stops.mark(names, ratio)
+            self.stops.mark(names, ratio, by_rule=tripped)
         self.store.record_variant(names, ratio, variant)
         state.report.evaluated += 1
         state.bar.update(1)
         count, total = len(prepared.removal[ratio]), prepared.size
         logger.info(
-            "%s @ %g: removed %d/%d %s%s, %s=%.4f, loss=%+.4f (%.1f s)%s",
+            "%s @ %g: removed %d/%d %s%s, %s=%.4f, loss=%+.4f%s (%.1f s)%s",
             param.name, ratio, count, total, "weights" if prepared.element else UNIT_NOUNS[param.kind],
-            " (physical)" if prepared.mode == "physical" else "", metric, metrics[metric], loss, seconds,
-            f"; early stop ({rule.describe()}), larger ratios skipped" if rule is not None and stopped else "",
+            " (physical)" if prepared.mode == "physical" else "", metric, metrics[metric], loss,
+            _sampled(estimate, settled), seconds,
+            f"; early stop ({rule.describe()}), larger ratios skipped" if rule is not None and stopped else
+            "; above target_loss, larger ratios skipped" if decided else "",
         )  # fmt: skip
         return stopped
 
@@ -394,6 +407,14 @@ class SensitivityEngine:
         state.report.skipped[param.name] = reason
         self.store.mark_unprunable(param.name, reason)
         state.bar.update(len(ratios))
+
+
+def _sampled(estimate: PairedEstimate | None, settled: str | None) -> str:
+    """`` [above, 400 images]``: how a sampled loss was reached, for the log line (empty for an exact run)."""
+    if estimate is None:
+        return ""
+    shown = f"{settled}, " if settled else ""
+    return f" [{shown}{estimate.count} images]"
 
 
 def check_scoring(scoring: Scoring, batches: bool) -> None:

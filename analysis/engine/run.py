@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +129,9 @@ def run_analysis(
             units=selection.units,
             units_key=selection.units_key,
         )
+        if settings.decision is not None:  # the error is split over every variant of the analysis, on every rank
+            family = replace(settings.decision, variants=len(analysed) * len(settings.ratios))
+            settings = replace(settings, decision=family)
         if selection.shard is not None:
             per_module = CostModel(model, example_input).dense.per_module
             analysed = shard_params(analysed, per_module, order, selection.shard)

@@ -15,12 +15,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from analysis.config import SensitivityConfig
+from analysis.config import Sampling, SensitivityConfig
 from analysis.engine._early_stop import EarlyStop, early_stop_from
 
 Metrics = dict[str, float]
 Evaluator = Callable[[nn.Module], Metrics]
 Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class DecisionSettings:
+    """Decision-driven sampling (``precision: decision``): the target each variant is settled against, the chance
+    that any decision of the run is wrong, and how many variants that chance is split over (every variant of the
+    analysis, set by :func:`analysis.engine.run.run_analysis` before sharding; 0 until then)."""
+
+    target: float
+    error: float
+    variants: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +50,13 @@ class EngineSettings:
     early_stop: EarlyStop | None
     round_to: int
     adaptive_bn: bool
+    decision: DecisionSettings | None = None
     progress: bool | None = None
+
+    @property
+    def sampled(self) -> bool:
+        """Whether variants may see only part of the images (adaptive precision or decision-driven sampling)."""
+        return self.precision is not None or self.decision is not None
 
     @classmethod
     def from_section(
@@ -47,6 +64,12 @@ class EngineSettings:
     ) -> EngineSettings:
         """The settings of a ``SensitivityAnalysis`` section (``overrides`` replace single values, e.g. a metric
         the YAML schema does not offer, or an :class:`EarlyStop` built elsewhere)."""
+        sampling = Sampling(section.precision, section.decision_error, section.decision_precision)
+        decision = None
+        if sampling.decision:
+            assert section.target_loss is not None  # checked with the config
+            decision = DecisionSettings(float(section.target_loss), float(section.decision_error))
+        precision = section.decision_precision if sampling.decision else section.precision
         values: dict[str, Any] = {
             "ratios": section.pruned_ratios,
             "criterion": section.criterion,
@@ -54,7 +77,8 @@ class EngineSettings:
             "metric": section.metric,
             "metric_mode": section.metric_mode,
             "engine": section.engine,
-            "precision": section.precision,
+            "precision": None if precision is None else float(precision),
+            "decision": decision,
             "seed": seed,
             "granularity": section.granularity,
             "early_stop": early_stop_from(section.early_stop_mode, section.early_stop_value),
@@ -78,6 +102,8 @@ class EngineSettings:
             "metric_mode": self.metric_mode,
             # exact and estimated losses never mix in one file
             "precision": None if self.precision is None else [self.precision, self.seed],
+            # decision-driven files hold losses settled against one target: they resume only for that target
+            **({"decision": [self.decision.target, self.decision.error, self.seed]} if self.decision else {}),
             **({"granularity": "element"} if self.granularity == "element" else {}),
             **({"round_to": self.round_to} if self.round_to > 1 else {}),
             **({"adaptive_bn": True, "calibration": calibration} if self.adaptive_bn else {}),

@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 
 # Settings a fingerprint leaves out when they have their default (so files of earlier versions still resume).
-IMPLIED_SETTINGS = {"granularity": "filter", "round_to": 1, "adaptive_bn": False, "calibration": None}
+IMPLIED_SETTINGS = {"granularity": "filter", "round_to": 1, "adaptive_bn": False, "calibration": None, "decision": None}
 
 
 @dataclass

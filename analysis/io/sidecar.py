@@ -336,6 +336,8 @@ class SettingsRecord(_Record):
     metric_mode: str | None = None
     # [precision, seed] of adaptive precision; written as null without it
     precision: list[float] | None = None
+    # [target_loss, decision_error, seed] of decision-driven sampling; absent without it
+    decision: list[float] | None = None
     granularity: str | None = None
     round_to: int | None = None
     adaptive_bn: bool | None = None
@@ -438,7 +440,9 @@ class EarlyStopRecord(_Record):
 @dataclass(kw_only=True)
 class VariantRecord(_Record):
     """One param pruned at one ratio: its loss, the evaluation's metrics, what was removed, how it was evaluated,
-    its cost after physical removal and, with adaptive precision, the loss's interval."""
+    its cost after physical removal and, with adaptive precision or decision-driven sampling, the loss's interval
+    (95%, or at the decision's confidence), the images used and, for a decision, how it ended (``settled``: ``above``
+    or ``below`` target_loss, ``exact`` on every image, or ``precise`` within the precision)."""
 
     loss: float | None = None
     metrics: Metrics = field(default_factory=dict, metadata=SPREAD)
@@ -455,6 +459,7 @@ class VariantRecord(_Record):
     interval: list[float] | None = None
     samples: int | None = None
     precision: float | None = None
+    settled: str | None = None
 
     def metric(self, name: str) -> float | None:
         """The value of metric ``name`` (None when not recorded)."""

@@ -38,7 +38,7 @@ def format_table(outcome: AnalysisOutcome, ratios: Sequence[float], metric: str,
         loss = f"relative {metric} loss"
     lines = [f"{loss} per pruned ratio ('group' = layers whose channels go with the conv's):"]
     if outcome.early_stopped:
-        lines[0] += " ('stop' = skipped after an early stop)"
+        lines[0] += " ('stop' = skipped after an early stop, or above a ratio settled above target_loss)"
     for row in [header, *rows]:
         lines.append("  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(row, align, widths, strict=True)))
     unprunable = outcome.unprunable

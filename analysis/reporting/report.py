@@ -263,8 +263,20 @@ def _summary(data: AnalysisData, target_loss: float | None, label: str) -> str:
                 "changes were re-estimated on the calibration images (numbers differ from plain sensitivities)",
             )
         )
-    precision = settings.precision
-    if precision is not None and len(precision) == 2:
+    precision, decision = settings.precision, settings.decision
+    if decision is not None and len(decision) == 3:
+        extra = "" if precision is None else f", or within +-{precision[0]}"
+        rows.append(
+            (
+                "decision-driven sampling",
+                _e(
+                    f"each variant evaluated until settled above or below target_loss {decision[0]:g}{extra} (chance "
+                    f"of any wrong side <= {decision[1]:g}), ratios above one settled above skipped, the two the "
+                    f"derived ratio interpolates between on every image; seed {decision[2]:g}"
+                ),
+            )
+        )
+    elif precision is not None and len(precision) == 2:
         rows.append(("adaptive precision", _e(f"+-{precision[0]} (95%), seed {precision[1]}")))
     rows.append(("ratios analysed", _e(", ".join(f"{r:g}" for r in ratios))))
     unprunable = sidecar.unprunable or {}
@@ -298,7 +310,9 @@ def _cell_title(record: VariantRecord | None) -> str:
         parts.append(f"{record.channels_removed}/{channels} channels removed")
     interval = record.interval
     if interval is not None and len(interval) == 2:
-        parts.append(f"95% interval [{fixed(interval[0])}, {fixed(interval[1])}]")
+        bounds = f"[{fixed(interval[0])}, {fixed(interval[1])}]"
+        decided = f"{record.settled} after {record.samples} images, interval " if record.settled else "95% interval "
+        parts.append(decided + bounds)
     if record.macs_reduction is not None:
         parts.append(f"MACs saved {percent(record.macs_reduction)}")
     if record.params_reduction is not None:

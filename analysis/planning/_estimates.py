@@ -1,0 +1,38 @@
+"""Whether a plan rests on estimated losses (adaptive precision, decision-driven sampling), and how to say so.
+
+A budget plan reads every param's whole loss curve; an analysis made with ``precision`` holds losses known only to
+within an interval, and one made with ``precision: decision`` holds losses known only to lie above or below its
+``target_loss``, with the ratios above the first one settled above it not evaluated at all (a plan cannot choose
+them). Such a plan's predicted loss is approximate, so the plan says so and recommends measuring it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from analysis.io import sidecar as schema
+
+
+def estimate_notice(analysis_file: str | Path) -> str | None:
+    """One sentence on the estimated losses and skipped ratios of ``analysis_file`` (None: every loss is exact)."""
+    sidecar = schema.load(analysis_file)
+    if sidecar is None:
+        return None
+    variants = [record for _, _, record in sidecar.variants()]
+    estimated = sum(record.interval is not None and record.interval[0] != record.interval[1] for record in variants)
+    decision = sidecar.settings.decision
+    skipped = sum(1 for param in (sidecar.params or {}).values() if param.early_stop is not None)
+    parts = []
+    if estimated:
+        how = (
+            f"decision-driven sampling settled each only as above or below target_loss {decision[0]:g}"
+            if decision is not None and decision
+            else "adaptive precision knows each within its interval"
+        )
+        parts.append(f"{estimated} of {len(variants)} losses in {Path(analysis_file).name} are estimates ({how})")
+    if decision is not None and skipped:
+        parts.append(
+            f"{skipped} param(s) lack the ratios above one settled above target_loss {decision[0]:g} (not evaluated "
+            "by decision-driven sampling), which the plan cannot choose"
+        )
+    return "; ".join(parts) + ", so the plan's predicted loss is approximate" if parts else None
