@@ -11,8 +11,15 @@ the same ratios, each engine runs in its own child process (so peak RSS is its o
 * the ideal bound: one decode pass + one full forward pass + the sum over variants of the forward time of the part
   of the network each variant changes (node times measured on a real batch), and efficiency = ideal / fast.
 
+With ``--small`` it measures instead where per-unit fixed costs weigh most: 32 random images at 128 px (random
+weights and BatchNorm statistics, 10 classes, data in memory as a list of batches) through ``analysis_prune``,
+ratios 0.2 and 0.4, every prunable conv of resnet18, mobilenet_v2 and efficientnet_b0; each engine again in its own
+process, timed by that process's CPU time (``time.process_time``, robust on a shared machine) with ``--threads``
+torch threads, next to its wall time; the speed-up is reference CPU time / fast CPU time.
+
     python benchmarks/bench_engine.py                              # all four models, 256 images (long on a CPU)
     python benchmarks/bench_engine.py --models resnet18 --images 64 --max-params 8   # a quick look
+    python benchmarks/bench_engine.py --small                      # small data: about 2 minutes on one core
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ if importlib.util.find_spec("analysis") is None:  # not installed: use the sourc
     sys.path.insert(0, str(REPO_ROOT))
 
 MODELS = ("resnet18", "mobilenet_v2", "resnet50", "efficientnet_b0")
+SMALL_MODELS = ("resnet18", "mobilenet_v2", "efficientnet_b0")
+SMALL_IMAGES, SMALL_SIZE, SMALL_RATIOS, SMALL_CLASSES = 32, 128, (0.2, 0.4), 10
+"""The small-data row: few images, so the fixed work per unit (mask check, split check, copies) dominates."""
 DEFAULT_DATA = REPO_ROOT / "benchmarks" / "_data"
 
 
@@ -99,6 +109,48 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def small_child(args: argparse.Namespace) -> dict[str, Any]:
+    """Run one engine on in-memory random data (``--small``) in this process and return its CPU and wall time."""
+    from analysis.compat.paddleslim import analysis_prune
+    from analysis.structure.groups import find_prunable
+
+    torch.set_num_threads(args.threads)
+    model, batches = small_inputs(args.model, args.images, args.batch_size, args.seed)
+    chosen = None
+    if args.max_params is not None:
+        chosen = evenly_spaced([p.name for p in find_prunable(model, batches[0][0]) if p.prunable], args.max_params)
+    cpu, wall = time.process_time(), time.perf_counter()
+    analysis_prune(model, batches, args.analysis_file, pruned_ratios=args.ratios, prune_params=chosen,
+                   engine=args.engine, overwrite=True, progress=False)  # fmt: skip
+    return {
+        "engine": args.engine, "model": args.model, "cpu_seconds": time.process_time() - cpu,
+        "seconds": time.perf_counter() - wall, "threads": torch.get_num_threads(),
+    }  # fmt: skip
+
+
+def small_inputs(arch: str, images: int, batch_size: int, seed: int) -> tuple[torch.nn.Module, list[Any]]:
+    """A torchvision model with random weights and random BatchNorm statistics (so BN is far from an identity, as
+    in a trained network) and random images and labels as a list of ``(images, labels)`` batches, all seeded."""
+    import torchvision
+
+    torch.manual_seed(seed)
+    model = torchvision.models.get_model(arch, weights=None, num_classes=SMALL_CLASSES).eval()
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                module.running_mean.copy_(torch.randn(module.num_features, generator=generator) * 0.1)
+                module.running_var.copy_(torch.rand(module.num_features, generator=generator) + 0.5)
+                module.weight.copy_(torch.rand(module.num_features, generator=generator) + 0.5)
+                module.bias.copy_(torch.randn(module.num_features, generator=generator) * 0.1)
+    batches = []
+    for start in range(0, images, batch_size):
+        count = min(batch_size, images - start)
+        batches.append((torch.randn(count, 3, SMALL_SIZE, SMALL_SIZE, generator=generator),
+                        torch.randint(0, SMALL_CLASSES, (count,), generator=generator)))  # fmt: skip
+    return model, batches
+
+
 def evenly_spaced(names: list[str], limit: int | None) -> list[str]:
     """All names, or ``limit`` of them spread evenly over the model (first and last included)."""
     if limit is None or limit >= len(names):
@@ -153,11 +205,15 @@ def run_child(args: argparse.Namespace, model: str, engine: str, workdir: Path) 
     """Run :func:`child` in a fresh interpreter and return its JSON result."""
     out = workdir / f"{model}-{engine}.json"
     command = [
-        sys.executable, __file__, "--child", "--model", model, "--engine", engine, "--root", str(args.root),
+        sys.executable, __file__, "--child", "--model", model, "--engine", engine,
         "--batch-size", str(args.batch_size), "--workers", str(args.workers), "--seed", str(args.seed),
         "--analysis-file", str(workdir / f"{model}-{engine}.pkl"), "--out", str(out),
         "--ratios", *map(str, args.ratios),
     ]  # fmt: skip
+    if args.small:
+        command += ["--small", "--images", str(args.images), "--threads", str(args.threads)]
+    else:
+        command += ["--root", str(args.root)]
     if args.max_params is not None:
         command += ["--max-params", str(args.max_params)]
     subprocess.run(command, check=True)
@@ -194,9 +250,13 @@ def row(model: str, ref: dict, fast: dict, nni: dict | None, identical: bool) ->
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments; run either one child measurement or the whole side-by-side benchmark."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    parser.add_argument("--images", type=int, default=256, help="synthetic JPEGs (about 500x375)")
-    parser.add_argument("--ratios", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4])
+    parser.add_argument("--models", nargs="+", choices=MODELS, help="default: all four (--small: all but resnet50)")
+    parser.add_argument("--images", type=int, help=f"synthetic JPEGs of about 500x375 (default 256; --small: random "
+                        f"{SMALL_SIZE} px images, default {SMALL_IMAGES})")  # fmt: skip
+    parser.add_argument("--ratios", type=float, nargs="+", help="default 0.1 0.2 0.3 0.4 (--small: 0.2 0.4)")
+    parser.add_argument("--small", action="store_true", help="the small-data row (see above) instead of the table")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each engine with --small")
+    parser.add_argument("--repeats", type=int, default=1, help="with --small: runs per engine, the fastest kept")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2, help="decoding processes")
     parser.add_argument("--max-params", type=int, help="analyse only this many convs, evenly spread (default all)")
@@ -209,9 +269,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--analysis-file", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.models = args.models or list(SMALL_MODELS if args.small else MODELS)
+    args.images = args.images or (SMALL_IMAGES if args.small else 256)
+    args.ratios = args.ratios or list(SMALL_RATIOS if args.small else (0.1, 0.2, 0.3, 0.4))
     if args.child:
-        Path(args.out).write_text(json.dumps(child(args)))
+        Path(args.out).write_text(json.dumps(small_child(args) if args.small else child(args)))
         return 0
+    if args.small:
+        return main_small(args)
     bench_data = load_bench_data()
     args.root = args.root or DEFAULT_DATA / f"synthetic_{args.images}"
     print(f"data: {args.root} ({bench_data.ensure_dataset(args.root, args.images, 8, args.seed)})")
@@ -240,6 +305,37 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     print("(seconds of wall time per child process incl. imports; rss in MB; ideal = decode pass + one forward + "
           "timed downstream forwards; effic. = ideal / fast; same = byte-identical analysis files)")  # fmt: skip
+    return 0 if all(line.endswith("yes") for line in lines) else 1
+
+
+def main_small(args: argparse.Namespace) -> int:
+    """The small-data row: both engines per model on in-memory random data, CPU time side by side."""
+    torch.set_num_threads(args.threads)  # as in the children, so the machine line shows their thread count
+    print(load_bench_data().machine_description())
+    print(f"small data: {args.images} random images at {SMALL_SIZE} px, batch {args.batch_size}, ratios "
+          f"{args.ratios}, {args.threads} torch thread(s) per engine, random weights and BatchNorm statistics, "
+          f"{args.max_params or 'all'} prunable convs; best of {args.repeats}")  # fmt: skip
+    header = f"{'model':<16} {'ref cpu':>8} {'fast cpu':>8} {'speedup':>8} {'ref wall':>8} {'fast wall':>9} same"
+    lines = []
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        for model in args.models:
+            ref, fast = (
+                min((run_child(args, model, engine, workdir) for _ in range(args.repeats)),
+                    key=lambda result: result["cpu_seconds"])
+                for engine in ("reference", "fast")
+            )  # fmt: skip
+            same = (workdir / f"{model}-fast.pkl").read_bytes() == (workdir / f"{model}-reference.pkl").read_bytes()
+            lines.append(
+                f"{model:<16} {ref['cpu_seconds']:8.2f} {fast['cpu_seconds']:8.2f} "
+                f"{ref['cpu_seconds'] / fast['cpu_seconds']:7.2f}x {ref['seconds']:8.2f} {fast['seconds']:9.2f} "
+                f"{'yes' if same else 'NO'}"
+            )
+            print(header + "\n" + lines[-1], flush=True)
+    print("\n" + header)
+    print("\n".join(lines))
+    print("(seconds of CPU time and of wall time of analysis_prune in each engine's process, imports and model "
+          "building excluded; speedup = ref cpu / fast cpu; same = byte-identical analysis files)")  # fmt: skip
     return 0 if all(line.endswith("yes") for line in lines) else 1
 
 

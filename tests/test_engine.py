@@ -213,17 +213,17 @@ def test_a_unit_physical_pruning_cannot_remove_is_left_out_but_running_out_of_me
 
     model = randomize(tiny_resnet())
     data = pseudo_labelled(model, batches(count=1))
-    real = modes.pruned_copy
+    real = modes.checking_copy
 
     def failing_for(message: str):
-        def copy(model: nn.Module, name: str, channels, example):
+        def copy(model: nn.Module, graph, name: str, channels, own=()):
             if name == "layer2.conv1":
                 raise RuntimeError(message)
-            return real(model, name, channels, example)
+            return real(model, graph, name, channels, own)
 
         return copy
 
-    monkeypatch.setattr(modes, "pruned_copy", failing_for("shape '[64, 1, 1]' is invalid for input of size 32"))
+    monkeypatch.setattr(modes, "checking_copy", failing_for("shape '[64, 1, 1]' is invalid for input of size 32"))
     analysis_prune(model, data, tmp_path / "a.pkl", pruned_ratios=(0.5,), engine="reference", progress=False)
     assert "layer2.conv1.weight" not in load_sensitivities(tmp_path / "a.pkl")
     reason = load_sidecar(tmp_path / "a.pkl")["unprunable"]["layer2.conv1.weight"]
@@ -232,6 +232,6 @@ def test_a_unit_physical_pruning_cannot_remove_is_left_out_but_running_out_of_me
     oom = (
         "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to allocate 9437184"
     )
-    monkeypatch.setattr(modes, "pruned_copy", failing_for(oom))
+    monkeypatch.setattr(modes, "checking_copy", failing_for(oom))
     with pytest.raises(RuntimeError, match="can't allocate memory"):  # the machine's limit, not the unit's
         analysis_prune(model, data, tmp_path / "b.pkl", pruned_ratios=(0.5,), engine="reference", progress=False)

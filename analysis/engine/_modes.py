@@ -15,7 +15,7 @@ from analysis.engine.batchnorm import BatchNorm, layers_in_copy, reestimate, ree
 from analysis.inputs.device import is_out_of_memory
 from analysis.structure.groups import PrunableParam, removal_group
 from analysis.structure.masking import masked
-from analysis.structure.physical import pruned_copy
+from analysis.structure.physical import checking_copy
 
 logger = logging.getLogger(__name__)
 
@@ -51,11 +51,14 @@ class MaskCheck:
         self, param: PrunableParam, channels: Sequence[int], batchnorms: Sequence[BatchNorm] | None
     ) -> ModeCheck:
         """Masking is used only when it agrees with physical pruning at ``channels``; with ``batchnorms`` (adaptive
-        BN: the layers a variant re-estimates) they must also agree after both re-estimate those statistics."""
+        BN: the layers a variant re-estimates) they must also agree after both re-estimate those statistics.
+
+        The physically pruned model is a :func:`~analysis.structure.physical.checking_copy` (it computes what a full
+        pruned copy computes, made without a deep copy or a new trace): this check runs once per unit and on small
+        data was a large share of a run."""
         root = self.model.get_submodule(param.module_name)
         try:
-            copy = pruned_copy(self.model, param.module_name, channels, self.example_input)
-            copy = copy.to(self.example_input.device)
+            copy = checking_copy(self.model, self.graph, param.module_name, channels, own=batchnorms or ())
             with torch.inference_mode():
                 physical = copy(self.images).float()
         except Exception as error:  # Torch-Pruning cannot remove these channels: report it, do not guess

@@ -84,6 +84,9 @@ class GraphRunner:
             raise UntraceableModel("the fast engine supports models with exactly one input")
         self.images = inputs[0]  # the other placeholders are the fixed optional arguments, fed their defaults
         self.node_cost = dict.fromkeys(self.nodes, 1.0)
+        self.called: dict[fx.Node, nn.Module] = {
+            node: self.module.get_submodule(str(node.target)) for node in self.nodes if node.op == "call_module"
+        }  # looked up once: every plan and every executed node needs its module
 
     def _input(self, node: fx.Node, images: torch.Tensor) -> Any:
         """The value of a placeholder: the images, or the default of an optional argument."""
@@ -113,12 +116,12 @@ class GraphRunner:
 
     def runs_all(self, plan: SuffixPlan, modules: Iterable[nn.Module]) -> bool:
         """Whether every one of ``modules`` is called inside the suffix of ``plan``."""
-        called = {self.module.get_submodule(str(node.target)) for node in plan.nodes if node.op == "call_module"}
+        called = {self.called[node] for node in plan.nodes if node.op == "call_module"}
         return all(module in called for module in modules)
 
     def _reads(self, node: fx.Node, modules: set[nn.Module], owned: set[int]) -> bool:
         if node.op == "call_module":
-            return self.module.get_submodule(str(node.target)) in modules
+            return self.called[node] in modules
         if node.op == "get_attr":
             return id(self._attribute(str(node.target))) in owned
         return False
@@ -131,7 +134,7 @@ class GraphRunner:
         args = fx.node.map_arg(node.args, env.__getitem__)
         kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
         if node.op == "call_module":
-            return self.module.get_submodule(str(node.target))(*args, **kwargs)
+            return self.called[node](*args, **kwargs)
         if node.op == "call_function":
             return node.target(*args, **kwargs)  # type: ignore[operator]
         if node.op == "call_method":

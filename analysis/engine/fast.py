@@ -124,6 +124,7 @@ class FastSensitivityEngine(SensitivityEngine):
             job = self._job(prepared, ratios, state)
             if job is not None:
                 jobs.append(job)
+        jobs = self._check_splits(jobs, state)
         if self.settings.early_stop is None:
             for chunk in self._chunks(jobs, float(state.baseline.get("seconds", 1.0))):
                 self._run_chunk(chunk, state)
@@ -177,12 +178,6 @@ class FastSensitivityEngine(SensitivityEngine):
                     candidate=None if self.rule is None or estimate is None else Candidate(ratio, estimate),
                 )
             )
-        checked = next((v for v in variants if prepared.removal[v.ratio] == prepared.check.channels), None)
-        if checked is not None and not self._split_matches_eager(plan, checked, prepared):
-            logger.info("%s: the graph split differs from eager execution; using the reference path for it.",
-                        prepared.param.name)  # fmt: skip
-            self.evaluate_ratios(prepared, [v.ratio for v in variants], state)
-            return None
         return Job(prepared, plan, variants) if variants else None
 
     def _new_estimate(self, baseline: Metrics) -> PairedEstimate | None:
@@ -197,18 +192,39 @@ class FastSensitivityEngine(SensitivityEngine):
             z=Z_95 if self.rule is None else self.rule.z,
         )
 
-    def _split_matches_eager(self, plan: SuffixPlan, variant: Variant, prepared: Prepared) -> bool:
-        """Whether the suffix run gives bit-identical logits to the full masked forward pass of the mode check."""
-        assert self.runner is not None and prepared.check.masked_logits is not None
-        runner, logits = self.runner, {}
+    def _check_splits(self, jobs: list[Job], state: RunState) -> list[Job]:
+        """Keep the jobs whose suffix run gives bit-identical logits to the full masked forward pass of their mode
+        check (at the channels checked); the others are evaluated by the reference path. One walk of the check
+        images serves every job (the unpruned prefix runs once, not once per param)."""
+        assert self.runner is not None
+        runner = self.runner
+        checked: dict[int, tuple[Job, Variant]] = {}
+        for job in jobs:
+            channels = job.prepared.check.channels
+            variant = next((v for v in job.variants if job.prepared.removal[v.ratio] == channels), None)
+            if variant is not None:
+                checked[id(job.plan)] = job, variant
+        matches: dict[int, bool] = {}
 
         def visit(plan: SuffixPlan, frontier: NodeValues) -> None:
+            job, variant = checked[id(plan)]
+            assert job.prepared.check.masked_logits is not None
             with zeroed(variant.slices):
-                logits["suffix"] = runner.run_suffix(plan, frontier)
+                logits = runner.run_suffix(plan, frontier)
+            matches[id(job)] = torch.equal(logits, job.prepared.check.masked_logits)
 
-        with torch.inference_mode():
-            runner.walk(self.check_input, runner.schedule([plan]), visit)
-        return torch.equal(logits["suffix"], prepared.check.masked_logits)
+        if checked:
+            with torch.inference_mode():
+                runner.walk(self.check_input, runner.schedule([job.plan for job, _ in checked.values()]), visit)
+        kept = []
+        for job in jobs:
+            if matches.get(id(job), True):
+                kept.append(job)
+                continue
+            logger.info("%s: the graph split differs from eager execution; using the reference path for it.",
+                        job.prepared.param.name)  # fmt: skip
+            self.evaluate_ratios(job.prepared, [v.ratio for v in job.variants], state)
+        return kept
 
     def _chunks(self, jobs: list[Job], baseline_seconds: float) -> list[list[Job]]:
         """Group jobs (in model order) so that each pass over the data is about ``CHUNK_SECONDS`` of work."""

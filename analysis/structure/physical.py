@@ -4,14 +4,21 @@ Torch-Pruning's low-level handlers are used for every layer except grouped convs
 keeps the same local positions in every conv group, which is only right when the removed positions coincide. Here
 each conv group keeps its own surviving positions, which is what removing those input channels means. Attention
 heads are removed by :func:`analysis.structure.heads.remove_heads`.
+
+:func:`pruned_copy` makes an independent copy (for evaluation, re-estimation, export); :func:`checking_copy` makes
+the cheap one the per-unit mask check needs (it shares untouched tensors and reuses the model's dependency graph).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import copyreg
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
+import torch_pruning as tp
 from torch import nn
 
 from analysis.structure.groups import (
@@ -43,6 +50,107 @@ def jointly_pruned_copy(
     return clone.eval()
 
 
+def checking_copy(
+    model: nn.Module, graph: tp.DependencyGraph, root_name: str, channels: Sequence[int], own: Iterable[nn.Module] = ()
+) -> nn.Module:
+    """A copy of ``model`` with ``channels`` of ``root_name``'s output removed with its group, computing what
+    :func:`pruned_copy` computes, for forward passes that leave ``model`` untouched.
+
+    It is made for the per-unit mask check, where a full deep copy and a new Torch-Pruning trace of the copy cost
+    more than the check itself on small data: the group comes from ``graph`` (``model``'s own dependency graph; the
+    copy of an unpruned model would trace to the same one), and every parameter and buffer of a module the removal
+    does not change is shared with ``model`` rather than copied (removal replaces tensors, it never writes into
+    them). ``own`` names further modules of ``model`` whose tensors the copy must not share because the caller
+    changes them in place (BatchNorm statistics it re-estimates). Attention heads are removed on a full copy.
+    """
+    root = model.get_submodule(root_name)
+    if is_attention(root):
+        whole = copy.deepcopy(model)
+        remove_heads(whole, root_name, channels)
+        return whole.eval()
+    assert unit_kind(root) is not None, f"{root_name} is not a unit root"
+    group = removal_group(graph, root, channels)
+    module_names = {module: name for name, module in model.named_modules()}
+    param_names = {param: name for name, param in model.named_parameters()}
+    changed = {*own}
+    for item in group:
+        target = item.dep.target.module
+        if isinstance(target, nn.Parameter):
+            owner_name = param_names[target].rpartition(".")[0]
+            changed.add(model.get_submodule(owner_name) if owner_name else model)
+        elif target in module_names:
+            changed.add(target)
+    memo: dict[int, Any] = {
+        id(tensor): tensor
+        for module in model.modules()
+        if module not in changed
+        for tensor in (*module._parameters.values(), *module._buffers.values())
+        if tensor is not None
+    }
+    for module in changed:  # a tensor tied to an unchanged module is copied too (once, the tie kept in the copy)
+        for tensor in (*module._parameters.values(), *module._buffers.values()):
+            memo.pop(id(tensor), None)
+    clone: nn.Module = _deepcopy(model, memo)
+
+    def counterpart(layer: Any) -> Any:
+        """The clone's module or parameter at ``layer``'s place in ``model``; None for Torch-Pruning's op nodes."""
+        if isinstance(layer, nn.Parameter):
+            return clone.get_parameter(param_names[layer])
+        return clone.get_submodule(module_names[layer]) if layer in module_names else None
+
+    _apply_group(clone, graph, group, counterpart, param_names)
+    return clone.eval()
+
+
+ATOMIC = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+"""Values ``copy.deepcopy`` returns as they are."""
+
+
+def _deepcopy(value: Any, memo: dict[int, Any]) -> Any:
+    """``copy.deepcopy(value, memo)``, the same copy made faster for the parts a model consists of.
+
+    Modules that copy through their state (no ``__deepcopy__`` or ``__reduce__`` of their own) and plain dicts and
+    sets are rebuilt as deepcopy rebuilds them (the new object enters the memo first, then its state is copied item by
+    item and, for a module, handed to its ``__setstate__``); atomic values and tuples of them are kept, and anything
+    else goes to ``copy.deepcopy`` with the same memo. This skips deepcopy's generic reconstruction of the dozen
+    hook dicts every module holds, most of the time a copy took.
+    """
+    found = memo.get(id(value), memo)
+    if found is not memo:
+        return found
+    kind: Any = type(value)
+    if kind in ATOMIC or (kind is tuple and all(type(item) in ATOMIC for item in value)):
+        return value
+    if kind is dict or kind is OrderedDict:
+        new_dict: dict[Any, Any] = kind()
+        memo[id(value)] = new_dict
+        for key, item in value.items():
+            new_dict[_deepcopy(key, memo)] = _deepcopy(item, memo)
+        return new_dict
+    if kind is set and all(type(item) in ATOMIC for item in value):
+        memo[id(value)] = new_set = set(value)
+        return new_set
+    if isinstance(value, nn.Module) and _copies_through_state(kind):
+        state = kind.__getstate__(value)
+        if type(state) is dict:
+            module = kind.__new__(kind)
+            memo[id(value)] = module
+            module.__setstate__({key: _deepcopy(item, memo) for key, item in state.items()})
+            return module
+    return copy.deepcopy(value, memo)
+
+
+def _copies_through_state(kind: Any) -> bool:
+    """Whether ``copy.deepcopy`` copies a module of class ``kind`` as ``__new__`` plus ``__setstate__`` of its
+    copied ``__getstate__`` (what :func:`_deepcopy` reproduces)."""
+    return (
+        getattr(kind, "__deepcopy__", None) is None
+        and kind.__reduce_ex__ is object.__reduce_ex__
+        and kind.__reduce__ is object.__reduce__
+        and not copyreg._slotnames(kind)  # type: ignore[attr-defined]
+    )
+
+
 def _remove(clone: nn.Module, root_name: str, channels: Sequence[int], example_input: torch.Tensor) -> None:
     """Remove ``channels`` of ``root_name``'s output (or those heads) and its group from ``clone``, in place."""
     root = clone.get_submodule(root_name)
@@ -53,21 +161,47 @@ def _remove(clone: nn.Module, root_name: str, channels: Sequence[int], example_i
     graph = build_dependency_graph(clone, example_input)
     group = removal_group(graph, root, channels)
     param_names = {param: name for name, param in clone.named_parameters()}
+    _apply_group(clone, graph, group, lambda layer: layer, param_names)
+
+
+def _apply_group(
+    clone: nn.Module,
+    graph: tp.DependencyGraph,
+    group: tp.dependency.Group,
+    counterpart: Any,
+    param_names: dict[nn.Parameter, str],
+) -> None:
+    """Remove each item's slices of ``group`` (of ``graph``) from ``clone``, in place, in the group's order.
+
+    ``counterpart`` maps a layer or parameter of the traced model to the clone's (the identity when ``graph`` was
+    traced on the clone itself; None for Torch-Pruning's op nodes, which hold no tensors of the model), and
+    ``param_names`` names the traced model's parameters. Each item's own Torch-Pruning handler is applied to the
+    clone's layer, exactly as the item itself would apply it to the traced one.
+    """
     for item in group:
-        module, idxs = item.dep.target.module, list(item.idxs)
-        if not idxs:
+        target, idxs = item.dep.target.module, list(item.idxs)
+        module = counterpart(target)
+        if not idxs or module is None:
             continue
         if is_grouped_conv(module) and not is_out_channel_item(graph, item):
             _remove_grouped_conv_inputs(module, idxs)
         elif isinstance(module, nn.Parameter):
-            _replace_parameter(clone, param_names[module], item.dep(idxs))
+            _replace_parameter(clone, param_names[target], _handle(item, module, idxs))
         else:
             extras = per_channel_extras(module) if is_out_channel_item(graph, item) else []
-            item.dep(idxs)
+            _handle(item, module, idxs)
             gone = set(idxs)
             for name, extra in extras:
                 kept = [i for i in range(extra.shape[0]) if i not in gone]
                 setattr(module, name, nn.Parameter(extra.data[kept].clone(), requires_grad=extra.requires_grad))
+
+
+def _handle(item: Any, layer: Any, idxs: list[int]) -> Any:
+    """Apply ``item``'s Torch-Pruning handler to ``layer`` (what ``item.dep(idxs)`` does to the item's own layer:
+    the handler's pruner takes the item's pruning dimension first)."""
+    dependency = item.dep
+    dependency.handler.__self__.pruning_dim = dependency.target.pruning_dim
+    return dependency.handler(layer, idxs)
 
 
 def _remove_grouped_conv_inputs(conv: nn.Conv2d, channels: Sequence[int]) -> None:
