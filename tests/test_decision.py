@@ -3,6 +3,7 @@ exact run on a demo model."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from statistics import NormalDist
 
@@ -20,6 +21,7 @@ from analysis.inputs.data import apply_data_cache, build_eval_loader
 from analysis.inputs.models import build_model
 from analysis.io._store import AnalysisStore
 from analysis.io.results import load_sensitivities, load_sidecar
+from analysis.io.tables import export_csv
 from analysis.planning._estimates import estimate_notice
 from analysis.planning.plan import build_plan
 from analysis.planning.ratios import get_ratios_by_loss
@@ -285,7 +287,7 @@ def test_bad_decision_settings_are_refused(tmp_path: Path, kwargs: dict, message
         analysis_prune(torch.nn.Linear(1, 1), [], tmp_path / "s.pkl", **kwargs)
 
 
-def test_a_plan_on_decision_driven_losses_says_they_are_estimates(tmp_path: Path, digits) -> None:
+def test_a_plan_and_the_csv_of_decision_driven_losses_say_they_are_estimates(tmp_path: Path, digits) -> None:
     model, loader = digits
     names = [p.name for p in find_prunable(model, next(iter(loader))[0]) if p.prunable][:6]
     kwargs = {"pruned_ratios": RATIOS, "target_loss": TARGET, "prune_params": names, "progress": False}
@@ -308,3 +310,15 @@ def test_a_plan_on_decision_driven_losses_says_they_are_estimates(tmp_path: Path
     plan = build_plan(model, example, tmp_path / "decision.pkl", 0.05, "macs")
     shown = format_plan(PlanResult(plan, None, estimates=notice))
     assert f"note: {notice}; measure it: python run.py verify" in shown
+
+    with export_csv(tmp_path / "decision.pkl", style="long").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0])[-4:] == ["images", "interval_low", "interval_high", "settled"]
+    for row in rows[1:]:
+        if float(row["sparsity"]) > 0:
+            variant = sidecar["params"][row["parameter"]]["variants"][f"{float(row['sparsity']):g}"]
+            assert (int(row["images"]), row["settled"]) == (variant["samples"], variant["settled"])
+            assert [float(row["interval_low"]), float(row["interval_high"])] == variant["interval"]
+    with export_csv(tmp_path / "exact.pkl", style="long").open() as handle:
+        header = next(csv.reader(handle))
+    assert "settled" not in header and "images" not in header  # an exact file has no sampling columns

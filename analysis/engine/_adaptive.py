@@ -72,9 +72,9 @@ class PairedEstimate:
         """Estimated loss: the mean difference so far, scaled."""
         return self.total / self.count / self.scale if self.count else math.nan
 
-    def half_width(self) -> float:
-        """Confidence half-width of :meth:`loss` (95% unless :attr:`z` says otherwise), with the finite-population
-        correction."""
+    def half_width(self, z: float | None = None) -> float:
+        """Confidence half-width of :meth:`loss` (at ``z``, by default :attr:`z`: 95% unless set otherwise), with the
+        finite-population correction."""
         n = self.count
         if n < 2:
             return math.inf
@@ -86,7 +86,7 @@ class PairedEstimate:
             mean = self.total / n
             variance = max(0.0, (self.total_squares - n * mean * mean) / (n - 1))
         correction = max(0.0, 1.0 - n / self.population)
-        return self.z * math.sqrt(variance / n * correction) / self.scale
+        return (self.z if z is None else z) * math.sqrt(variance / n * correction) / self.scale
 
     def interval(self) -> tuple[float, float]:
         """The interval of the loss (see :meth:`half_width`)."""
@@ -94,7 +94,8 @@ class PairedEstimate:
         return centre - width, centre + width
 
     def precise_enough(self, precision: float) -> bool:
-        """True once enough images were seen and the interval is within ``+-precision`` (or the set is done)."""
+        """True once enough images were seen and the 95% interval is within ``+-precision`` (or the set is done),
+        whatever :attr:`z` the interval of a decision uses."""
         if self.count >= self.population:
             return True
-        return self.count >= min(MIN_SAMPLES, self.population) and self.half_width() <= precision
+        return self.count >= min(MIN_SAMPLES, self.population) and self.half_width(Z_95) <= precision

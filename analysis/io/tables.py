@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 CSV_STYLES = ("wide", "long")
 
 
+SAMPLED_COLUMNS = ("images", "interval_low", "interval_high")
+"""Long-CSV columns of a sampled analysis (adaptive precision, decision-driven sampling): the images a variant's loss
+was estimated on and its interval; a decision-driven one adds ``settled``."""
+
 LONG_COLUMNS = ("parameter", "sparsity", "top1", "top5", "loss", "relative_loss", "macs", "params",
                 "macs_reduction", "params_reduction")  # fmt: skip
 
@@ -45,8 +49,9 @@ def export_csv(
     with their reductions (empty when the sidecar lacks them). Parameters follow the file's (model) order and
     ratios ascend, so equal inputs give byte-identical files. With adaptive BN (BatchNorm statistics re-estimated
     per variant) the metric columns are suffixed ``_adaptive_bn`` (``layername_adaptive_bn``, ``top1_adaptive_bn``).
-    A label-free analysis (``metric: agreement`` or ``kl``) adds its metric as the last column (agreement in percent,
-    KL in nats); top1/top5/loss are then empty where no labels exist.
+    A label-free analysis (``metric: agreement`` or ``kl``) adds its metric as a column (agreement in percent, KL in
+    nats); top1/top5/loss are then empty where no labels exist. A sampled analysis (``precision``) adds each variant's
+    ``images``, ``interval_low``/``interval_high`` and, decision-driven, ``settled`` (:data:`SAMPLED_COLUMNS`).
 
     Raises:
         AnalysisFileError: The analysis file or its sidecar cannot be read, or ``wide`` is asked without a sidecar.
@@ -103,15 +108,28 @@ def _long_rows(sensitivities: Sensitivities, sidecar: Sidecar) -> list[list[Any]
     label_free = sidecar.settings.metric_name if sidecar.settings.metric_name in LABEL_FREE_METRICS else None
     measured = ("top1", "top5", "loss", "relative_loss", label_free)  # after BatchNorm re-estimation with adaptive BN
     columns = [*LONG_COLUMNS, label_free] if label_free else list(LONG_COLUMNS)
+    sampled = any(variant.samples is not None for _, _, variant in sidecar.variants())
+    decided = any(variant.settled is not None for _, _, variant in sidecar.variants())
+    columns += [*SAMPLED_COLUMNS, *(["settled"] if decided else [])] if sampled else []
     rows: list[list[Any]] = [[_marked(c, sidecar) if c in measured else c for c in columns]]
 
     def row(
-        name: str, ratio: float, metrics: Mapping[str, float], loss: float, costs: Sequence[float | None]
+        name: str,
+        ratio: float,
+        metrics: Mapping[str, float],
+        loss: float,
+        costs: Sequence[float | None],
+        variant: VariantRecord | None = None,
     ) -> list[Any]:
         cells = _long_row(name, ratio, metrics, loss, costs)
         if label_free:
             value = metrics.get(label_free)
             cells.append(_blank(None if value is None else 100.0 * value if label_free == "agreement" else value))
+        if sampled:
+            interval = variant.interval if variant is not None and variant.interval else [None, None]
+            cells += [_blank(None if variant is None else variant.samples), *map(_blank, interval)]
+        if decided:
+            cells.append(_blank(None if variant is None else variant.settled))
         return cells
 
     for name, curve in sensitivities.items():
@@ -122,7 +140,7 @@ def _long_rows(sensitivities: Sensitivities, sidecar: Sidecar) -> list[list[Any]
                 rows.append(row(name, ratio, {}, loss, ()))
                 continue
             costs = (variant.macs, variant.params, variant.macs_reduction, variant.params_reduction)
-            rows.append(row(name, ratio, variant.metrics, loss, costs))
+            rows.append(row(name, ratio, variant.metrics, loss, costs, variant))
     return rows
 
 
