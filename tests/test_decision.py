@@ -322,3 +322,22 @@ def test_a_plan_and_the_csv_of_decision_driven_losses_say_they_are_estimates(tmp
     with export_csv(tmp_path / "exact.pkl", style="long").open() as handle:
         header = next(csv.reader(handle))
     assert "settled" not in header and "images" not in header  # an exact file has no sampling columns
+
+
+def test_the_terminal_table_marks_estimated_losses(tmp_path: Path, cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)  # the demo config's paths are relative to the repository
+    config = Path("configs") / "demo" / "digits_mobilenet.yaml"
+    result = cli("--config_path", config, "--analysis_file", tmp_path / "s.pkl", "--no_report",
+                 "SensitivityAnalysis.precision=decision")  # fmt: skip
+    assert result.code == 0, result.err
+    assert "('~' = estimated on part of the images, see the sidecar's interval)" in result.out
+    sidecar = load_sidecar(tmp_path / "s.pkl")
+    marked = 0
+    for name, info in sidecar["params"].items():
+        row = next(line for line in result.out.splitlines() if line.startswith(name + " "))
+        for variant in info["variants"].values():
+            shown = f"{variant['loss']:+.4f}"
+            low, high = variant["interval"]
+            assert ("~" + shown in row) == (low != high) and shown in row
+            marked += low != high
+    assert marked  # some losses are estimates, and only those carry the mark

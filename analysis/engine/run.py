@@ -54,6 +54,8 @@ class AnalysisOutcome:
     ratios: dict[str, float] = field(default_factory=dict)
     ratios_file: Path | None = None
     early_stopped: dict[str, float] = field(default_factory=dict)
+    estimated: dict[str, set[float]] = field(default_factory=dict)
+    """Per param, the ratios whose loss is an estimate (adaptive precision, decision-driven sampling)."""
 
     @property
     def unprunable(self) -> dict[str, str]:
@@ -159,6 +161,7 @@ def run_analysis(
         store.save()  # also when nothing was evaluated: the sidecar then records the baseline and every reason
         outcome = AnalysisOutcome(Path(analysis_file), store.ordered(), params, analysed, report)
         outcome.early_stopped = store.early_stops()
+        outcome.estimated = store.estimated()
         if target_loss is not None:
             derive_ratios(outcome, target_loss, settings.criterion, settings.granularity)
         return outcome

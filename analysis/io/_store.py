@@ -197,6 +197,15 @@ class AnalysisStore:
         """The ratio each early-stopped param stopped at."""
         return self.sidecar.early_stops()
 
+    def estimated(self) -> dict[str, set[float]]:
+        """Per param, the ratios whose recorded loss is an estimate (an interval of non-zero width)."""
+        found: dict[str, set[float]] = {}
+        for name, ratio, variant in self.sidecar.variants():
+            interval = variant.interval
+            if interval is not None and len(interval) == 2 and interval[0] != interval[1]:
+                found.setdefault(name, set()).add(normalise_ratio(ratio))
+        return found
+
     def variant_metric(self, name: str, ratio: float, metric: str) -> float | None:
         """The recorded ``metric`` of ``name`` at ``ratio`` (None when not recorded)."""
         variant = self.sidecar.variant(name, ratio)

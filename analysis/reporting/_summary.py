@@ -20,11 +20,13 @@ def format_table(outcome: AnalysisOutcome, ratios: Sequence[float], metric: str,
     for param in outcome.analysed:
         curve = outcome.sensitivities.get(param.name, {})
         stopped_at = outcome.early_stopped.get(param.name)
+        estimated = outcome.estimated.get(param.name, set())
         cells = [param.name, "x".join(map(str, param.shape)), str(len(param.members))]
         cells += [
-            f"{curve[r]:+.4f}" if r in curve else "stop" if stopped_at is not None and r > stopped_at else "-"
+            ("~" if r in estimated else "") + f"{curve[r]:+.4f}" if r in curve
+            else "stop" if stopped_at is not None and r > stopped_at else "-"
             for r in ratios
-        ]
+        ]  # fmt: skip
         if derived:
             cells.append(f"{derived[param.name]:.4f}" if param.name in derived else "-")
         rows.append(cells)
@@ -39,6 +41,8 @@ def format_table(outcome: AnalysisOutcome, ratios: Sequence[float], metric: str,
     lines = [f"{loss} per pruned ratio ('group' = layers whose channels go with the conv's):"]
     if outcome.early_stopped:
         lines[0] += " ('stop' = skipped after an early stop, or above a ratio settled above target_loss)"
+    if outcome.estimated:
+        lines[0] += " ('~' = estimated on part of the images, see the sidecar's interval)"
     for row in [header, *rows]:
         lines.append("  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(row, align, widths, strict=True)))
     unprunable = outcome.unprunable
