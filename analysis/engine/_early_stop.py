@@ -155,6 +155,6 @@ class StopLedger:
 
     def _rule_trips(self, name: str, ratio: float) -> bool:
         baseline, value = self.store.baseline, self.store.variant_metric(name, ratio, self.metric)
-        if self.rule is None or baseline is None or self.metric not in baseline or value is None:
+        if baseline is None or self.metric not in baseline or value is None:
             return False
-        return self.rule.tripped(float(baseline[self.metric]), value)
+        return self.tripped(baseline, {self.metric: value})

@@ -201,8 +201,7 @@ class AnalysisStore:
         """Per param, the ratios whose recorded loss is an estimate (an interval of non-zero width)."""
         found: dict[str, set[float]] = {}
         for name, ratio, variant in self.sidecar.variants():
-            interval = variant.interval
-            if interval is not None and len(interval) == 2 and interval[0] != interval[1]:
+            if variant.estimated:
                 found.setdefault(name, set()).add(normalise_ratio(ratio))
         return found
 

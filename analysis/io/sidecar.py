@@ -461,6 +461,12 @@ class VariantRecord(_Record):
     precision: float | None = None
     settled: str | None = None
 
+    @property
+    def estimated(self) -> bool:
+        """Whether the loss is an estimate from part of the images (an interval of non-zero width)."""
+        interval = self.interval
+        return interval is not None and len(interval) == 2 and interval[0] != interval[1]
+
     def metric(self, name: str) -> float | None:
         """The value of metric ``name`` (None when not recorded)."""
         return self.metrics.get(name)

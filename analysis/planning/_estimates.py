@@ -19,18 +19,18 @@ def estimate_notice(analysis_file: str | Path) -> str | None:
     if sidecar is None:
         return None
     variants = [record for _, _, record in sidecar.variants()]
-    estimated = sum(record.interval is not None and record.interval[0] != record.interval[1] for record in variants)
+    estimated = sum(record.estimated for record in variants)
     decision = sidecar.settings.decision
-    skipped = sum(1 for param in (sidecar.params or {}).values() if param.early_stop is not None)
+    skipped = sum(param.early_stop is not None for param in sidecar.param_records().values())
     parts = []
     if estimated:
         how = (
             f"decision-driven sampling settled each only as above or below target_loss {decision[0]:g}"
-            if decision is not None and decision
+            if decision
             else "adaptive precision knows each within its interval"
         )
         parts.append(f"{estimated} of {len(variants)} losses in {Path(analysis_file).name} are estimates ({how})")
-    if decision is not None and skipped:
+    if decision and skipped:
         parts.append(
             f"{skipped} param(s) lack the ratios above one settled above target_loss {decision[0]:g} (not evaluated "
             "by decision-driven sampling), which the plan cannot choose"
