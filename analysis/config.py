@@ -304,6 +304,8 @@ def validate(config: Config) -> None:
 
 def validate_budget(s: SensitivityConfig) -> None:
     """At most one budget target, each a fraction in (0, 1); ``verify``/``export_dir`` need something to apply."""
+    if s.export_dir is not None and not s.export_dir.strip():
+        raise ConfigError("SensitivityAnalysis.export_dir is empty; name a folder (. for the current one).")
     targets = {"target_macs_reduction": s.target_macs_reduction, "target_params_reduction": s.target_params_reduction}
     given = {k: v for k, v in targets.items() if v is not None}
     if len(given) > 1:
@@ -327,12 +329,26 @@ def validate_budget(s: SensitivityConfig) -> None:
         raise ConfigError(
             f"SensitivityAnalysis.eval_budget must be a positive number of evaluations, got {s.eval_budget}."
         )
-    if (s.verify or s.export_dir) and not given and s.target_loss is None:
+    check_plan_granularity(s)
+    if (s.verify or s.export_dir is not None) and not given and s.target_loss is None:
         key = "verify" if s.verify else "export_dir"
         raise ConfigError(
             f"SensitivityAnalysis.{key} needs ratios to apply: set SensitivityAnalysis.target_macs_reduction, "
             "target_params_reduction or target_loss."
         )
+
+
+def check_plan_granularity(s: SensitivityConfig) -> None:
+    """``verify`` and ``export_dir`` prune filters physically: refused with ``granularity: element``, which zeroes
+    single weights and has no smaller model to measure or export."""
+    if s.granularity != "element":
+        return
+    for key, value in (("verify", s.verify), ("export_dir", s.export_dir is not None)):
+        if value:
+            raise ConfigError(
+                f"SensitivityAnalysis.{key} prunes filters into a smaller model; it does not apply to granularity: "
+                "element, which zeroes single weights (apply the ElementPrune ratios with your own pruning schedule)."
+            )
 
 
 def validate_label_free(g: GlobalConfig, s: SensitivityConfig) -> None:
@@ -522,7 +538,7 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no type information
+class UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no type information
     """PyYAML's safe loader, refusing a key written twice in one mapping (plain PyYAML keeps the last silently)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -582,7 +598,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"Config file {path} does not exist; pass an existing YAML file with --config_path.")
     try:
         text = path.read_text(encoding="utf-8")
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        data = yaml.load(text, Loader=UniqueKeyLoader)
     except yaml.reader.ReaderError as error:  # a character YAML does not allow; its own message spans two lines
         line = text.count("\n", 0, error.position) + 1
         raise ConfigError(
@@ -600,6 +616,12 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"Config file {path}{where}: invalid YAML ({error.problem}{started}).") from None
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         raise ConfigError(f"Config file {path} is not valid YAML ({error}).") from None
+    except RecursionError:
+        raise ConfigError(
+            f"Config file {path} nests its YAML too deeply to read; a config is a few levels deep."
+        ) from None
+    except (ValueError, OverflowError) as error:  # a date like 2001-02-30, an integer of thousands of digits
+        raise ConfigError(f"Config file {path} holds a value that cannot be read ({error}); fix or quote it.") from None
     if data is None:
         raise ConfigError(f"Config file {path} is empty; it needs at least a Global block.")
     if not isinstance(data, dict):
@@ -675,11 +697,17 @@ def _parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
                 f"Override '{shown}' carries a YAML tag (!...); write the plain value, as in Global.seed=3."
             )
         try:
-            yaml.load(value, Loader=_UniqueKeyLoader)  # the same limits as a config file
+            yaml.load(value, Loader=UniqueKeyLoader)  # the same limits as a config file
             layer = OmegaConf.to_container(OmegaConf.from_dotlist([item]))
         except (OmegaConfBaseException, yaml.YAMLError) as error:
             problem = getattr(error, "problem", None) or first_line(str(error))
             raise ConfigError(f"Override '{shown}' could not be parsed ({problem}); check its YAML value.") from None
+        except RecursionError:
+            raise ConfigError(
+                f"Override '{shown}' could not be parsed (it nests too deeply); check its YAML value."
+            ) from None
+        except (ValueError, OverflowError) as error:  # a date like 2001-02-30, an integer of thousands of digits
+            raise ConfigError(f"Override '{shown}' could not be parsed ({error}); fix or quote its value.") from None
         assert isinstance(layer, dict)
         section = _check_section(parts[0], layer[parts[0]])
         _deep_update(nested.setdefault(parts[0], {}), section)

@@ -66,6 +66,11 @@ def write_config(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
+# A ratios YAML (ChannelPrune block) as this tool writes it, pruning the tiny CNN's first conv at 0.5.
+RATIOS_HEAD = "ChannelPrune:\n  criterion: l1_norm\n"
+VALID_RATIOS = RATIOS_HEAD + "  prune_params_name: [0.weight]\n  pruned_ratio: [0.5]\n"
+
+
 def tiny_global(data_dir: Path, **extra: Any) -> dict[str, Any]:
     """A Global block for the tiny CNN with random weights on 16x16 crops."""
     block = {

@@ -21,7 +21,8 @@ import yaml
 from PIL import Image
 
 from analysis.config import GlobalConfig, load_config, normalise_ratios
-from analysis.errors import ConfigError, DataError
+from analysis.errors import ConfigError, DataError, UserError
+from analysis.inputs import data as data_module
 from analysis.inputs.data import (
     Preprocess,
     build_eval_loader,
@@ -31,9 +32,20 @@ from analysis.inputs.data import (
     scan_image_folder,
 )
 from analysis.io._lock import exclusive
-from analysis.io.results import load_sensitivities
+from analysis.io.ratios_yaml import load_ratios_yaml
+from analysis.io.results import load_sensitivities, load_sidecar
+from analysis.planning.ratios import get_ratios_by_loss
 
-from helpers import CliResult, assert_user_error, tiny_global, write_config, write_images
+from helpers import (
+    RATIOS_HEAD,
+    VALID_RATIOS,
+    CliResult,
+    assert_user_error,
+    tiny_global,
+    write_config,
+    write_images,
+    write_train_list,
+)
 
 Cli = Callable[..., CliResult]
 PREPROCESS = Preprocess(img_size=8, resize_size=8)
@@ -354,7 +366,8 @@ def plain_config(tmp_path: Path, data: Path, analysis_file: str) -> Path:
 def test_a_path_component_that_is_a_file_names_the_path_and_reason(cli: Cli, tmp_path: Path, list_data: Path) -> None:
     (tmp_path / "taken").write_text("a file, not a folder")
     result = cli("--config_path", plain_config(tmp_path, list_data, str(tmp_path / "taken" / "s.pkl")))
-    assert_user_error(result, r"Cannot write .*taken: .*(File exists|Not a directory).*; choose a writable location")
+    pattern = r"Cannot write .*taken/s\.pkl \(SensitivityAnalysis\.analysis_file\): .*taken is a file, not a folder "
+    assert_user_error(result, pattern + r"\(Not a directory \[ENOTDIR\]\); choose a writable location")
 
 
 def test_a_full_disk_mid_run_keeps_the_finished_results(
@@ -657,3 +670,469 @@ def test_a_promised_bad_input_exits_2_and_leaves_the_analysis_file_alone(
     before = {path: path.read_bytes() for path in tmp_path.glob("**/*.pkl*")}
     assert_user_error(cli(*arguments, "--no_report"), promise.error)
     assert {path: path.read_bytes() for path in tmp_path.glob("**/*.pkl*")} == before
+
+
+# ---- selections, plan outputs, verify, argument parsing (issue 26) ------------------------------------------------
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    """Every file (its bytes) and folder (None) under ``root``: a snapshot to compare before and after a command."""
+    return {path.relative_to(root).as_posix(): None if path.is_dir() else path.read_bytes()
+            for path in sorted(root.rglob("*"))}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("override", "pattern"),
+    [
+        ("SensitivityAnalysis.units=[heads]", r"SensitivityAnalysis\.units is \['heads'\], but this model has no "
+                                              r"prunable unit of that kind \(it has 2 conv\); add one"),
+        ("SensitivityAnalysis.units=[linear]", r"units is \['linear'\], but this model has no prunable unit of that"),
+        ("SensitivityAnalysis.skip_params=[0.weight,3.weight]",
+         r"SensitivityAnalysis\.skip_params leaves out every prunable unit \(2 listed; the model has 2 conv\)"),
+        ("SensitivityAnalysis.prune_params_name=[]", r"SensitivityAnalysis\.prune_params_name is an empty list"),
+    ],
+)  # fmt: skip
+def test_a_selection_that_leaves_no_unit_exits_2_and_writes_nothing(
+    cli: Cli, tmp_path: Path, list_data: Path, override: str, pattern: str
+) -> None:
+    """The tiny CNN's only Linear is its classifier: ``units: [linear]`` used to analyse nothing, exit 0, rewrite the
+    sidecar and replace the ratios YAML with an empty block."""
+    config = plain_config(tmp_path, list_data, "out/s.pkl")
+    assert cli("--config_path", config, "--no_report", "--target_loss", "0.5").code == 0
+    before = tree(tmp_path)
+    assert_user_error(cli("--config_path", config, "--target_loss", "0.5", override), pattern)
+    assert tree(tmp_path) == before
+    assert_user_error(cli("--config_path", config, "--analysis_file", "new/s.pkl", override), pattern)
+    assert not (tmp_path / "new").exists()  # refused before the analysis file's folder is made
+
+
+def analysed_with_ratios(cli: Cli, tmp_path: Path, data: Path, ratio: float = 0.5) -> tuple[Path, Path, Path]:
+    """A finished analysis at ratio 0.5 (see :func:`analysed`) and a ratios YAML pruning ``0.weight`` at ``ratio``."""
+    config, analysis_file = analysed(cli, tmp_path, data)
+    ratios = tmp_path / "r.yaml"
+    ratios.write_text(f"ChannelPrune:\n  prune_params_name: [0.weight]\n  pruned_ratio: [{ratio}]\n")
+    return config, analysis_file, ratios
+
+
+def test_plan_with_an_empty_export_dir_writes_nothing_in_the_current_folder(
+    cli: Cli, tmp_path: Path, list_data: Path
+) -> None:
+    config, _ = analysed(cli, tmp_path, list_data)
+    before = tree(tmp_path)
+    result = cli("plan", "--config_path", config, "--target_macs_reduction", "0.2", "--export_dir", "", "--no_report")
+    assert_user_error(result, r"--export_dir is empty; name a folder \(\. for the current one\)")
+    assert tree(tmp_path) == before
+    override = cli("--config_path", config, "--target_loss", "0.5", "SensitivityAnalysis.export_dir=''")
+    assert_user_error(override, r"SensitivityAnalysis\.export_dir is empty")
+    assert tree(tmp_path) == before
+
+
+def test_plan_checks_the_export_dir_before_it_replaces_the_plan_yaml(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    config, _ = analysed(cli, tmp_path, list_data)
+    assert cli("plan", "--config_path", config, "--target_macs_reduction", "0.2", "--no_report").code == 0
+    (tmp_path / "taken").write_text("a file, not a folder")
+    before = tree(tmp_path)
+    result = cli("plan", "--config_path", config, "--target_macs_reduction", "0.5", "--export_dir", "taken")
+    assert_user_error(result, r"Cannot write taken \(--export_dir\): taken is a file, not a folder \(Not a directory")
+    assert tree(tmp_path) == before  # the 0.2 plan's YAML and the sidecar are untouched
+    assert "Baseline" not in result.err  # refused before the model and the data were loaded
+
+
+@pytest.mark.parametrize("key", ["verify", "export_dir"])
+def test_element_granularity_with_verify_or_export_is_refused_at_validation(
+    cli: Cli, tmp_path: Path, list_data: Path, key: str
+) -> None:
+    value = "true" if key == "verify" else "exported"
+    result = cli("--config_path", plain_config(tmp_path, list_data, "out/s.pkl"), "--target_loss", "0.5",
+                 "SensitivityAnalysis.granularity=element", f"SensitivityAnalysis.{key}={value}")  # fmt: skip
+    assert_user_error(result, rf"SensitivityAnalysis\.{key} prunes filters into a smaller model; it does not apply to "
+                              r"granularity: element")  # fmt: skip
+    assert not (tmp_path / "out").exists() and not (tmp_path / "exported").exists()
+
+
+def test_verify_of_an_element_wise_analysis_is_refused_before_loading(
+    cli: Cli, tmp_path: Path, list_data: Path
+) -> None:
+    config = plain_config(tmp_path, list_data, "out/s.pkl")
+    arguments = ["--config_path", config, "--no_report", "SensitivityAnalysis.granularity=element"]
+    assert cli(*arguments, "--pruned_ratios", "0.5").code == 0
+    (tmp_path / "r.yaml").write_text("ChannelPrune:\n  prune_params_name: [0.weight]\n  pruned_ratio: [0.5]\n")
+    before = tree(tmp_path)
+    result = cli("verify", tmp_path / "out" / "s.pkl", "--ratios", tmp_path / "r.yaml")  # its stored config
+    assert_user_error(result, r"SensitivityAnalysis\.verify prunes filters .* granularity: element")
+    assert tree(tmp_path) == before
+
+
+def test_verify_beyond_the_analysed_ratios_measures_and_calls_the_prediction_unknown(
+    cli: Cli, tmp_path: Path, list_data: Path
+) -> None:
+    """0.weight was analysed at 0.5 only: 0.75 has no predicted loss. It used to crash writing NaN into the sidecar
+    after the whole verification."""
+    config, analysis_file, ratios = analysed_with_ratios(cli, tmp_path, list_data, ratio=0.75)
+    result = cli("verify", analysis_file, "--ratios", ratios, "--config_path", config, "--no_report")
+    assert result.code == 0, result.err
+    assert "0.weight  ratio 0.7500     6/8    channels  predicted loss unknown" in result.out
+    assert "predicted loss (sum of single-layer losses): unknown" in result.out
+    assert "note: 1 group(s) (0.weight) have a ratio above the largest analysed one" in result.out
+    record = json.loads(Path(f"{analysis_file}.json").read_text())["plan"]
+    assert record["predicted_loss"] is None and record["verification"]["predicted_loss"] is None
+    assert record["groups"][0]["predicted_loss"] is None
+    assert set(record["verification"]["measured_loss"]) >= {"top1", "top5"}  # measured all the same
+
+
+def test_verify_refuses_two_names_of_one_param(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    """``0`` (the module) and ``0.weight`` are one param: the second ratio used to be dropped without a word."""
+    config, analysis_file, ratios = analysed_with_ratios(cli, tmp_path, list_data)
+    ratios.write_text("ChannelPrune:\n  prune_params_name: ['0', 0.weight]\n  pruned_ratio: [0.25, 0.5]\n")
+    before = tree(tmp_path)
+    result = cli("verify", analysis_file, "--ratios", ratios, "--config_path", config)
+    assert_user_error(result, r"ratios: '0' and '0\.weight' name the same param 0\.weight; list it once\.")
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        ("Global: " + "[" * 3000 + "]" * 3000 + "\n", r"bad\.yaml nests its YAML too deeply to read"),
+        ("Global:\n  seed: 2001-02-30\n", r"bad\.yaml holds a value that cannot be read \(day is out of range"),
+        ("Global:\n  seed: " + "9" * 5000 + "\n", r"bad\.yaml holds a value that cannot be read \(Exceeds the limit"),
+    ],
+)
+def test_yaml_values_python_cannot_hold_name_the_config_file(
+    cli: Cli, tmp_path: Path, list_data: Path, text: str, pattern: str
+) -> None:
+    (tmp_path / "bad.yaml").write_text(text)
+    assert_user_error(cli("--config_path", tmp_path / "bad.yaml"), pattern)
+    override = cli("--config_path", plain_config(tmp_path, list_data, "out/s.pkl"), "Global.seed=2001-02-30")
+    assert_user_error(override, r"Override 'Global\.seed=2001-02-30' could not be parsed \(day is out of range")
+
+
+def test_an_override_may_follow_any_flag(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    config = plain_config(tmp_path, list_data, "out/s.pkl")
+    result = cli("--config_path", config, "Global.batch_size=4", "--no_report",
+                 "SensitivityAnalysis.pruned_ratios=[0.5]", "--quiet", "Global.seed=3")  # fmt: skip
+    assert result.code == 0, result.err
+    assert list(next(iter(load_sensitivities(tmp_path / "out" / "s.pkl").values()))) == [0.5]
+    stored = json.loads((tmp_path / "out" / "s.pkl.json").read_text())["config"]["Global"]
+    assert (stored["batch_size"], stored["seed"]) == (4, 3)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "pattern"),
+    [
+        (["verify"], r"run\.py verify: the following arguments are required: analysis_file, --ratios; see run\.py "
+                     r"verify --help\.$"),
+        (["plan"], r"run\.py plan: the following arguments are required: --config_path; see run\.py plan --help"),
+        (["--config_path", "c.yaml", "--no_such_flag"], r"run\.py: unrecognized arguments: --no_such_flag"),
+        (["--config_path", "c.yaml", "--target_loss", "low"], r"run\.py: argument --target_loss: invalid float value"),
+        (["deps"], r"run\.py deps: the following arguments are required: --config_path"),
+        (["merge", "out.pkl"], r"run\.py merge: the following arguments are required: inputs"),
+    ],
+)  # fmt: skip
+def test_argument_errors_are_one_error_line_naming_only_what_is_missing(
+    cli: Cli, tmp_path: Path, arguments: list[str], pattern: str
+) -> None:
+    result = cli(*arguments)
+    assert_user_error(result, pattern)
+    assert "Section.key=value" not in result.err.splitlines()[-1]  # the overrides are optional
+    assert result.err.startswith("usage: run.py")
+    assert tree(tmp_path) == {}
+
+
+# ---- ratios YAML files given to run.py verify --ratios (issue 26) ----------------------------------------------
+
+# Aliases that expand to 111,111 values (10 to the 5th leaves), past the 100,000 a config may hold.
+ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{name}: &{name} [{', '.join([f'*{previous}'] * 10)}]\n" for previous, name in zip("abcd", "bcde", strict=True)
+)
+
+
+# name -> (the file's text or bytes, a pattern its error must match after "Ratios file <path>")
+BAD_RATIOS: dict[str, tuple[str | bytes, str]] = {
+    "a param listed twice with one ratio": (
+        RATIOS_HEAD + "  prune_params_name:\n  - 0.weight\n  - 1.weight\n  - 0.weight\n  pruned_ratio: 0.5\n",
+        r" line 6: '0\.weight' is listed twice in ChannelPrune\.prune_params_name \(lines 4 and 6\); list each param "
+        r"once\.",
+    ),
+    "a param listed twice with two ratios": (
+        RATIOS_HEAD + "  prune_params_name: [0.weight, 0.weight]\n  pruned_ratio: [0.5, 0.3]\n",
+        r" line 3: '0\.weight' is listed twice in ChannelPrune\.prune_params_name \(items 1 and 2\)",
+    ),
+    "the block written twice": (
+        VALID_RATIOS + VALID_RATIOS.replace("0.5", "0.3"),
+        r" line 5: 'ChannelPrune' is written twice at the top level \(lines 1 and 5\); keep one",
+    ),
+    "pruned_ratio written twice": (
+        VALID_RATIOS + "  pruned_ratio: [0.3]\n",
+        r" line 5: 'pruned_ratio' is written twice in ChannelPrune \(lines 4 and 5\); keep one",
+    ),
+    "prune_params_name written twice": (
+        VALID_RATIOS + "  prune_params_name: [1.weight]\n",
+        r" line 5: 'prune_params_name' is written twice in ChannelPrune \(lines 3 and 5\); keep one",
+    ),
+    "a key written twice deeper down": (
+        VALID_RATIOS + "Global:\n  arch_kwargs: {num_classes: 10, num_classes: 100}\n",
+        r" line 6, column \d+: invalid YAML \(key 'num_classes' on line 6 repeats the key on line 6\)",
+    ),
+    "a nan ratio": (
+        RATIOS_HEAD + "  prune_params_name: [0.weight]\n  pruned_ratio: [.nan]\n",
+        r" line 4: ChannelPrune\.pruned_ratio of '0\.weight' is nan, outside \[0, 1\); a ratio is a number from 0",
+    ),
+    "an infinite ratio for all": (
+        RATIOS_HEAD + "  prune_params_name: [0.weight]\n  pruned_ratio: .inf\n",
+        r" line 4: ChannelPrune\.pruned_ratio is inf, outside \[0, 1\)",
+    ),
+    "a negative ratio": (
+        RATIOS_HEAD + "  prune_params_name:\n  - 0.weight\n  pruned_ratio:\n  - -0.1\n",
+        r" line 6: ChannelPrune\.pruned_ratio of '0\.weight' is -0\.1, outside \[0, 1\)",
+    ),
+    "a ratio of 1": (
+        RATIOS_HEAD + "  prune_params_name: [0.weight]\n  pruned_ratio: [1]\n",
+        r" line 4: ChannelPrune\.pruned_ratio of '0\.weight' is 1, outside \[0, 1\)",
+    ),
+    "a ratio that rounds to 1": (
+        RATIOS_HEAD + "  prune_params_name: [0.weight]\n  pruned_ratio: [0.9999996]\n",
+        r" line 4: .* is 0\.9999996, which rounds to 1\.0 at the 6 decimals ratios are stored with",
+    ),
+    "a boolean ratio": (
+        RATIOS_HEAD + "  prune_params_name: [0.weight]\n  pruned_ratio: [yes]\n",
+        r" line 4: ChannelPrune\.pruned_ratio of '0\.weight' is true \(a boolean\), not a number",
+    ),
+    "a ratio of 400 digits": (
+        RATIOS_HEAD + f"  prune_params_name: [0.weight]\n  pruned_ratio: [{10**400}]\n",
+        r" line 4: .* is a number of more than 20 digits, outside \[0, 1\)",
+    ),
+    "a ratio of 5000 digits": (
+        RATIOS_HEAD + f"  prune_params_name: [0.weight]\n  pruned_ratio: [{'9' * 5000}]\n",
+        r" holds a value that cannot be read \(Exceeds the limit",
+    ),
+    "a number as a name": (
+        RATIOS_HEAD + "  prune_params_name: [0.weight, 12]\n  pruned_ratio: [0.5, 0.5]\n",
+        r" line 3: ChannelPrune\.prune_params_name item 2 is 12, not a param name; write each name as text",
+    ),
+    "an empty name": (
+        RATIOS_HEAD + "  prune_params_name:\n  -\n  pruned_ratio: [0.5]\n",
+        r" line 4: ChannelPrune\.prune_params_name item 1 is empty \(null\), not a param name",
+    ),
+    "ratios of another length": (
+        RATIOS_HEAD + "  prune_params_name: [0.weight]\n  pruned_ratio: [0.5, 0.3]\n",
+        r" line 4: ChannelPrune\.pruned_ratio lists 2 ratios for the 1 names of prune_params_name",
+    ),
+    "a misspelt key": (
+        RATIOS_HEAD + "  prune_params_name: [0.weight]\n  pruned_ratios: [0.5]\n",
+        r" line 2: ChannelPrune has no pruned_ratio \(did you mean 'pruned_ratios'\?\)",
+    ),
+    "an empty file": ("", r" is empty; pass a ratios YAML this tool wrote"),
+    "a null document": ("~\n", r" is empty; pass a ratios YAML this tool wrote"),
+    "a list": ("- 0.weight\n- 0.5\n", r" has no ChannelPrune block; pass a ratios YAML this tool wrote"),
+    "an alias bomb": (
+        ALIAS_BOMB + VALID_RATIOS,
+        r" line 1, column 1: invalid YAML \(its aliases \(\*name\) expand to more than 100,000 values",
+    ),
+    "an alias inside its own anchor": (
+        "x: &a [*a]\n" + VALID_RATIOS,
+        r" line 1, column \d+: invalid YAML \(an alias \(\*name\) is used inside its own anchor",
+    ),
+    "a python tag": (
+        "!!python/object/apply:os.system [echo]\n",
+        r" line 1, column 1: invalid YAML \(could not determine a constructor for the tag .*\); remove the tag",
+    ),
+    "nesting too deep": ("x: " + "[" * 3000 + "]" * 3000 + "\n" + VALID_RATIOS, r" nests its YAML too deeply to read"),
+    "not UTF-8": (
+        VALID_RATIOS.replace("0.weight", "0.w\xe9ight").encode("latin-1"),
+        r" line 3: byte 60 \(0xe9\) is not UTF-8; save the file as UTF-8\.",
+    ),
+}
+
+
+def write_ratios(path: Path, content: str | bytes) -> Path:
+    """Write a ratios file as given (text as UTF-8 with ``\\n`` line ends) and return its path."""
+    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+    return path
+
+
+def assert_names_file(error: UserError, path: Path) -> None:
+    """The message is one printable sentence that names the ratios file."""
+    message = str(error)
+    assert message.isprintable(), f"not one printable line: {message!r}"
+    assert message.endswith((".", ")")), f"no sentence end: {message!r}"
+    assert str(path) in message, f"does not name {path}: {message!r}"
+
+
+@pytest.mark.parametrize("case", list(BAD_RATIOS))
+def test_a_bad_ratios_file_is_refused_naming_file_and_line(tmp_path: Path, case: str) -> None:
+    content, pattern = BAD_RATIOS[case]
+    path = write_ratios(tmp_path / "r.yaml", content)
+    with pytest.raises(UserError) as raised:
+        load_ratios_yaml(path)
+    assert re.match(re.escape(f"Ratios file {path}") + pattern, str(raised.value)), str(raised.value)
+    assert_names_file(raised.value, path)
+
+
+def test_a_folder_or_a_missing_file_is_refused_as_such(tmp_path: Path) -> None:
+    (tmp_path / "r.yaml").mkdir()
+    with pytest.raises(UserError, match=r"^Ratios file \S+r\.yaml is a folder; pass a ratios YAML file"):
+        load_ratios_yaml(tmp_path / "r.yaml")
+    with pytest.raises(UserError, match=r"^Ratios file \S+missing\.yaml does not exist; pass an existing ratios YAML"):
+        load_ratios_yaml(tmp_path / "missing.yaml")
+
+
+RATIOS_CLI_CASES = [
+    "a param listed twice with two ratios",
+    "the block written twice",
+    "pruned_ratio written twice",
+    "a nan ratio",
+    "a ratio of 1",
+    "a boolean ratio",
+    "a number as a name",
+    "an empty file",
+    "an alias bomb",
+    "a python tag",
+    "not UTF-8",
+]
+
+
+@pytest.mark.parametrize("case", [*RATIOS_CLI_CASES, "a folder"])
+def test_verify_with_a_bad_ratios_file_exits_2_and_writes_nothing(
+    cli: Cli, tmp_path: Path, list_data: Path, case: str
+) -> None:
+    config, analysis_file = analysed(cli, tmp_path, list_data)
+    ratios = tmp_path / "r.yaml"
+    if case == "a folder":
+        ratios.mkdir()
+        pattern = r" is a folder; pass a ratios YAML file"
+    else:
+        content, pattern = BAD_RATIOS[case]
+        write_ratios(ratios, content)
+    before = tree(tmp_path)
+    result = cli("verify", analysis_file, "--ratios", ratios, "--config_path", config)
+    assert_user_error(result, re.escape(f"error: Ratios file {ratios}") + pattern)
+    assert tree(tmp_path) == before
+
+
+# ---- a tiny decision_error; image sizes that cannot fit in memory (issue 26) --------------------------------------
+
+
+def test_a_tiny_decision_error_runs_and_decides_like_the_exact_run(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    ratios = ["0.25", "0.5", "0.75"]
+    section = {"pruned_ratios": [float(r) for r in ratios]}
+    config = write_config(tmp_path / "c.yaml", {"Global": tiny_global(list_data), "SensitivityAnalysis": section})
+    common = ("--config_path", config, "--no_report", "SensitivityAnalysis.target_loss=0.05")
+    exact = cli(*common, "--analysis_file", tmp_path / "exact.pkl")
+    assert exact.code == 0, exact.err
+    decided = cli(*common, "--analysis_file", tmp_path / "decision.pkl", "SensitivityAnalysis.precision=decision",
+                  "SensitivityAnalysis.decision_error=1e-20")  # fmt: skip
+    assert decided.code == 0, decided.err
+    exact_losses = pickle.loads((tmp_path / "exact.pkl").read_bytes())
+    losses = pickle.loads((tmp_path / "decision.pkl").read_bytes())
+    # every variant saw every image, so each loss is the exact run's; only ratios above one exceeding the target are
+    # skipped, which cannot change a derived ratio
+    assert losses.keys() == exact_losses.keys()
+    for name, curve in losses.items():
+        above = [r for r, loss in sorted(exact_losses[name].items()) if loss > 0.05]
+        assert curve == {r: loss for r, loss in exact_losses[name].items() if not above or r <= above[0]}
+    assert get_ratios_by_loss(losses, 0.05) == get_ratios_by_loss(exact_losses, 0.05)
+    sidecar = load_sidecar(tmp_path / "decision.pkl")
+    assert sidecar is not None
+    variants = [variant for info in sidecar["params"].values() for variant in info["variants"].values()]
+    assert variants and all(v["settled"] == "exact" and v["samples"] == 20 for v in variants)
+
+
+HUGE = "1000000"  # 3 TB per decoded image: more than any machine has, whatever this one has
+
+
+def sized_config(tmp_path: Path, data: Path, **analysis: object) -> Path:
+    section = {"analysis_file": str(tmp_path / "out" / "s.pkl"), "pruned_ratios": [0.5], **analysis}
+    return write_config(tmp_path / "c.yaml", {"Global": tiny_global(data), "SensitivityAnalysis": section})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "pattern"),
+    [
+        ((f"Global.img_size={HUGE}", f"Global.resize_size={HUGE}"),
+         r"^error: Global\.img_size 1000000 makes one decoded image 3\.0 TB \(3 x 1000000 x 1000000 bytes\), and a "
+         r"batch of 8 with its float32 normalised copy needs 120\.0 TB, more than the .* of memory this machine has "
+         r"available; use a smaller Global\.img_size"),
+        ((f"Global.resize_size={HUGE}",),
+         r"^error: Global\.resize_size 1000000 makes each image at least 4\.0 TB while it is resized .*use a smaller "
+         r"Global\.resize_size\.$"),
+    ],
+)  # fmt: skip
+def test_an_image_size_that_cannot_fit_exits_2_naming_the_key(
+    cli: Cli, tmp_path: Path, list_data: Path, overrides: tuple[str, ...], pattern: str
+) -> None:
+    assert_user_error(cli("--config_path", sized_config(tmp_path, list_data), *overrides), pattern)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "pattern"),
+    [
+        ((f"Global.calib_img_size={HUGE}", f"Global.calib_resize_size={HUGE}"),
+         r"^error: Global\.calib_img_size 1000000 makes one decoded calibration image 3\.0 TB .*, and the 10 "
+         r"calibration images decoded once into RAM and a batch of 8 with its float32 normalised copy need 150\.0 TB, "
+         r".*use a smaller Global\.calib_img_size \(or fewer Global\.calib_samples\)\.$"),
+        ((f"Global.calib_resize_size={HUGE}",),
+         r"^error: Global\.calib_resize_size 1000000 makes each calibration image at least 4\.0 TB while it is "
+         r"resized .*use a smaller Global\.calib_resize_size\.$"),
+    ],
+)  # fmt: skip
+def test_a_calibration_size_that_cannot_fit_exits_2_naming_the_key(
+    cli: Cli, tmp_path: Path, list_data: Path, overrides: tuple[str, ...], pattern: str
+) -> None:
+    write_train_list(list_data, 10)  # the default calibration images, read for adaptive BN
+    config = sized_config(tmp_path, list_data, adaptive_bn=True)
+    assert_user_error(cli("--config_path", config, *overrides), pattern)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_ram_cache_that_cannot_fit_exits_2_and_auto_streams_instead(
+    cli: Cli, tmp_path: Path, list_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 20 images of 3 x 16 x 16 bytes need 15,360 bytes; one batch of 1 (with its float copy) and its resize 4,864
+    monkeypatch.setattr(data_module, "available_memory_bytes", lambda: 10_000)
+    config = sized_config(tmp_path, list_data)
+    ram = cli("--config_path", config, "Global.batch_size=1", "Global.data_cache=ram")
+    assert_user_error(ram, r"^error: Global\.data_cache is ram but the 20 decoded images need 15\.4 kB .*auto")
+    assert not (tmp_path / "out").exists()
+    streamed = cli("--config_path", config, "--no_report", "Global.batch_size=1", "Global.cache_max_gb=100")
+    assert streamed.code == 0, streamed.err
+    assert "more than the 0.00 GB of memory available" in streamed.err
+
+
+# ---- no command writes anything on an error exit --------------------------------------------------------------------
+
+BAD_OUTPUTS = {
+    "run": (["--config_path", "c.yaml", "--target_loss", "0.5", "SensitivityAnalysis.export_dir=taken/model"],
+            r"Cannot write taken/model \(SensitivityAnalysis\.export_dir\): taken is a file, not a folder"),
+    "run, analysis file": (["--config_path", "c.yaml", "--analysis_file", "taken/s.pkl"],
+                           r"Cannot write taken/s\.pkl \(SensitivityAnalysis\.analysis_file\): taken is a file"),
+    "plan": (["plan", "--config_path", "c.yaml", "--target_macs_reduction", "0.3", "--export_dir", "taken"],
+             r"Cannot write taken \(--export_dir\): taken is a file, not a folder"),
+    "verify": (["verify", "out/s.pkl", "--ratios", "r.yaml", "--config_path", "c.yaml", "--export_dir", "taken/x"],
+               r"Cannot write taken/x \(--export_dir\): taken is a file, not a folder"),
+    "report": (["report", "out/s.pkl", "--out_dir", "taken/sub"], r"Cannot write taken/sub \(--out_dir\): taken is a"),
+    "merge": (["merge", "taken/m.pkl", "out/s.pkl"], r"Cannot write taken/m\.pkl \(OUTPUT\): taken is a file"),
+    "deps": (["deps", "--config_path", "c.yaml", "--output", "taken/d.csv"],
+             r"Cannot write taken/d\.csv \(--output\): taken is a file, not a folder \(Not a directory \[ENOTDIR\]\)"),
+    "export_dir in a read-only folder": (
+        ["plan", "--config_path", "c.yaml", "--target_macs_reduction", "0.3", "--export_dir", "locked/model"],
+        r"Cannot write locked/model \(--export_dir\): locked is a folder this user cannot write into"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_OUTPUTS))
+def test_every_command_refuses_a_bad_output_path_before_writing_anything(
+    cli: Cli, tmp_path: Path, list_data: Path, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One rule for every command: the paths it will write are checked first, so an error exit changes no file (the
+    whole folder is compared, the analysis, its sidecar, plan, ratios and report included)."""
+    analysed_with_ratios(cli, tmp_path, list_data)
+    (tmp_path / "taken").write_text("a file, not a folder")
+    (tmp_path / "locked").mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path).name != "locked" and real_access(path, mode))
+    arguments, pattern = BAD_OUTPUTS[case]
+    before = tree(tmp_path)
+    assert_user_error(cli(*arguments), pattern)
+    assert tree(tmp_path) == before

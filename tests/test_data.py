@@ -11,7 +11,9 @@ import torch
 from PIL import Image
 
 from analysis.config import GlobalConfig
-from analysis.errors import DataError
+from analysis.errors import ConfigError, DataError
+from analysis.inputs import calibration
+from analysis.inputs import data as data_module
 from analysis.inputs.data import (
     EvalLoader,
     Preprocess,
@@ -223,3 +225,43 @@ def test_equals_torchvision_weights_eval_preset(tmp_path: Path, resize_size: int
     pre = Preprocess(img_size=224, resize_size=resize_size)
     ours = normalize_batch(load_image(str(tmp_path / "x.jpg"), pre).unsqueeze(0), pre)[0]
     assert torch.equal(ours, expected)
+
+
+# ---- the memory check of image sizes (issue 26) -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("img_size", "resize_size"), [(224, 256), (512, 576), (1024, 1024), (1024, 1146)])
+def test_usual_sizes_pass_the_memory_check_on_a_24_gb_machine(img_size: int, resize_size: int) -> None:
+    sizes, memory = Preprocess(img_size, resize_size), 24 * 10**9
+    for device in ("cpu", "cuda"):
+        data_module.check_image_memory(sizes, 256, torch.device(device), available=memory)
+    data_module.check_image_memory(sizes, 256, torch.device("cpu"), cached=1024, available=memory)  # calibration
+
+
+def test_the_memory_check_counts_the_float_copy_only_where_batches_are_normalised() -> None:
+    sizes = Preprocess(10_000, 10_000)  # a batch of 8: 2.4 GB uint8, 9.6 GB more as float32
+    data_module.check_image_memory(sizes, 8, torch.device("cuda"), available=3 * 10**9)
+    with pytest.raises(ConfigError, match=r"Global\.img_size 10000 .*a batch of 8 with its float32 normalised copy"):
+        data_module.check_image_memory(sizes, 8, torch.device("cpu"), available=3 * 10**9)
+
+
+def test_calibration_sizes_that_default_to_the_evaluations_are_named_so() -> None:
+    config = GlobalConfig(data_dir="data", img_size=20_000, resize_size=20_000, batch_size=1)
+    sizes, keys = calibration.calibration_preprocess(config), calibration.calibration_size_keys(config)
+    data_module.check_image_memory(sizes, 1, torch.device("cpu"), available=100 * 10**9)  # the evaluation fits
+    with pytest.raises(ConfigError) as raised:
+        data_module.check_image_memory(sizes, 1, torch.device("cpu"), cached=1024, keys=keys, available=100 * 10**9)
+    assert str(raised.value) == (
+        "Global.img_size 20000, which the calibration images use while Global.calib_img_size is unset, makes one "
+        "decoded calibration image 1.2 GB (3 x 20000 x 20000 bytes), and the 1024 calibration images decoded once "
+        "into RAM and a batch of 1 with its float32 normalised copy need 1.2 TB, more than the 100.0 GB of memory "
+        "this machine has available; use a smaller Global.calib_img_size (or fewer Global.calib_samples)."
+    )
+
+
+def test_sizes_that_fit_apart_but_not_together_say_what_they_need_in_all() -> None:
+    sizes = Preprocess(1000, 10_000)  # a batch of 8 with its float copy 120 MB, the resized image 400 MB
+    with pytest.raises(ConfigError, match=r"^Global\.resize_size 10000 .* 400\.0 MB .*\(520\.0 MB with the decoded"):
+        data_module.check_image_memory(sizes, 8, torch.device("cpu"), available=500 * 10**6)
+    with pytest.raises(ConfigError, match=r"^Global\.img_size 5000 .*needs 3\.0 GB \(3\.1 GB with the image being"):
+        data_module.check_image_memory(Preprocess(5000, 5000), 8, torch.device("cpu"), available=3 * 10**9)

@@ -4,6 +4,8 @@ exact run on a demo model."""
 from __future__ import annotations
 
 import csv
+import itertools
+import math
 from pathlib import Path
 from statistics import NormalDist
 
@@ -341,3 +343,40 @@ def test_the_terminal_table_marks_estimated_losses(tmp_path: Path, cli, monkeypa
             assert ("~" + shown in row) == (low != high) and shown in row
             marked += low != high
     assert marked  # some losses are estimates, and only those carry the mark
+
+
+# ---- decision_error down to the smallest float (issue 26) ---------------------------------------------------------
+
+TINY_ERRORS = (1e-17, 1e-100, 5e-324)
+
+
+# z at these errors split over 140 variants x 8 looks (5,000 images), solved with mpmath at 60 digits
+REFERENCE_Z = {1e-17: 9.2744298994593306283, 1e-100: 21.60026930476204017, 5e-324: 38.649373047185854327}
+
+
+def log_upper_tail(z: float) -> float:
+    """``log P(Z > z)`` for a standard normal ``Z``, from Laplace's continued fraction of the Mills ratio: a method
+    independent of the code's, and in logarithms, so that it holds where the tail itself underflows."""
+    fraction = z
+    for k in range(400, 0, -1):
+        fraction = z + k / fraction
+    return -0.5 * z * z - 0.5 * math.log(2 * math.pi) - math.log(fraction)
+
+
+@pytest.mark.parametrize("error", TINY_ERRORS)
+def test_a_tiny_decision_error_gives_the_exact_quantile(error: float) -> None:
+    rule = DecisionRule.build(0.05, error, population=5000, variants=140)
+    tests = 140 * len(rule.looks)
+    assert len(rule.looks) == 8 and math.isfinite(rule.z)
+    assert rule.z == pytest.approx(REFERENCE_Z[error], rel=1e-14)
+    assert log_upper_tail(rule.z) == pytest.approx(math.log(error) - math.log(tests), abs=1e-9)  # tail to rel 1e-9
+    if error / tests > 1e-300:  # where the tail is a float, check it directly too
+        assert math.erfc(rule.z / math.sqrt(2)) / 2 == pytest.approx(error / tests, rel=1e-9)
+
+
+def test_the_quantile_grows_as_the_error_shrinks_down_to_the_smallest_float() -> None:
+    errors = [0.5, 0.05, *(10.0**-k for k in range(3, 324)), 5e-324]
+    for variants in (1, 140, 10**9):  # the split underflows to 0 for the smallest errors
+        z = [DecisionRule.build(0.05, error, 5000, variants).z for error in errors]
+        assert all(math.isfinite(value) for value in z)
+        assert all(b > a for a, b in itertools.pairwise(z)), variants

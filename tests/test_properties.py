@@ -1,4 +1,5 @@
-"""Properties (Hypothesis) of the two readers of user text: the config loader and the list-file reader.
+"""Properties (Hypothesis) of the readers of user text: the config loader, the list-file reader, the ratios YAML reader
+and the measured plan's search log.
 
 What they guarantee, for any input:
 
@@ -6,6 +7,9 @@ What they guarantee, for any input:
   either load to a :class:`~analysis.config.Config` or raise :class:`~analysis.errors.ConfigError`;
 * a list file holding any bytes or lines is either read as one sample per line that is neither blank nor a ``#``
   comment, with the label written on it, or raises :class:`~analysis.errors.DataError`;
+* a ratios YAML holding any bytes or document either loads to exactly the (name, ratio) pairs it lists, each ratio
+  in [0, 1), or raises a :class:`~analysis.errors.UserError` naming the file (a param, key or block written twice is
+  refused, never resolved); what :func:`~analysis.io.ratios_yaml.channel_prune_yaml` writes reads back;
 * the error is one line of printable text ending a sentence and names the key, override or file (and the list line
   at fault); no other exception escapes;
 * through the CLI the same inputs exit 0 or 2, a 2 with one ``error:`` line and no traceback.
@@ -33,10 +37,11 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from analysis.config import Config, GlobalConfig, SensitivityConfig, config_from_data, load_config, printable
-from analysis.errors import ConfigError, DataError
+from analysis.errors import ConfigError, DataError, UserError
 from analysis.inputs.data import read_sample_list
+from analysis.io.ratios_yaml import channel_prune_yaml, load_ratios_yaml
 
-from helpers import run_cli, tiny_global, write_config, write_images
+from helpers import RATIOS_HEAD, VALID_RATIOS, run_cli, tiny_global, write_config, write_images
 
 
 def property_settings(max_examples: int) -> settings:
@@ -396,3 +401,169 @@ def test_cli_exits_0_or_2_for_any_list_file(workdir: Path, lines: list[str], new
         os.path.normpath(workdir / "data" / name) in images and 0 <= int(label) < LABELS for name, label in listed
     )
     assert (code == 0) == runs, text
+
+
+# ---- the ratios YAML reader (run.py verify --ratios) ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ratios_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for the examples of a property (Hypothesis runs many examples in one test call)."""
+    return tmp_path_factory.mktemp("ratios")
+
+
+ratio_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()  # nan and +-inf included
+    | st.text(max_size=8)
+)
+
+
+ratio_values = st.recursive(
+    ratio_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)  # fmt: skip
+
+
+ratio_names = (
+    st.sampled_from(["0.weight", "1.weight", "layer1.0.conv1.weight", "fc", "", "yes", "0.5", "a: b"]) | st.text()
+)
+
+
+def mostly(usual: st.SearchStrategy[Any], odd: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """``usual`` seven times in eight, else ``odd`` (one_of would give each strategy the same share)."""
+    return st.integers(0, 7).flatmap(lambda pick: odd if pick == 0 else usual)
+
+
+name_items = mostly(ratio_names, ratio_scalars)  # repeats are likely
+
+
+ratio_items = mostly(
+    st.floats(0, 1, exclude_max=True) | st.sampled_from([0, 0.0, -0.0, 0.999999, 1e-7]),
+    st.sampled_from([1, 1.0, 0.9999996, math.nan, math.inf, -math.inf, -0.1, "0.5", True, False]) | ratio_scalars,
+)
+
+
+def is_ratio(value: Any) -> bool:
+    """What the reader must accept as a ratio: a number (not a boolean) in [0, 1) still below 1 at 6 decimals."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and 0 <= value < 1
+        and round(float(value), 6) < 1
+    )
+
+
+@st.composite
+def ratios_documents(draw: st.DrawFn) -> tuple[str, dict[str, float] | None]:
+    """A YAML document around a ChannelPrune block, and the ratios it must load to (``None``: it must be refused).
+
+    The block may repeat a param, a key or itself, miss a key, or hold ratios of another length or kind; other
+    blocks of any YAML may stand around it."""
+    count = draw(st.integers(0, 4))
+    listed = draw(st.lists(name_items, min_size=count, max_size=count))
+    aligned = draw(st.integers(0, 3)) > 0
+    ratios = draw(st.lists(ratio_items, min_size=count, max_size=count) if aligned else ratio_items | ratio_values)
+    pairs: list[tuple[str, Any]] = [("criterion", "l1_norm"), ("prune_params_name", listed), ("pruned_ratio", ratios)]
+    pairs = list(draw(st.permutations(pairs)))
+    change = draw(st.sampled_from(["none"] * 5 + ["repeat key", "drop key", "repeat block"]))
+    if change == "repeat key":
+        pairs.append((draw(st.sampled_from(pairs))[0], draw(ratio_values)))
+    if change == "drop key":
+        pairs.remove(draw(st.sampled_from(pairs)))
+    block = "ChannelPrune:\n" + "".join(f"  {key}: {flow_yaml(value)}\n" for key, value in pairs)
+    others = draw(st.dictionaries(st.sampled_from(["Global", "ElementPrune", "x"]), ratio_values, max_size=2))
+    blocks = block * (2 if change == "repeat block" else 1)
+    text = (yaml.safe_dump(others, allow_unicode=True) if others else "") + blocks
+    keys = [key for key, _ in pairs]
+    valid = (
+        change != "repeat block"
+        and len(set(keys)) == len(keys)
+        and {"prune_params_name", "pruned_ratio"} <= set(keys)
+        and all(isinstance(name, str) for name in listed)
+        and len(set(listed)) == len(listed)
+        and ((isinstance(ratios, list) and len(ratios) == count and all(map(is_ratio, ratios))) or is_ratio(ratios))
+    )
+    values = ratios if isinstance(ratios, list) else [ratios] * count
+    return text, dict(zip(listed, map(float, values), strict=True)) if valid else None
+
+
+def load_ratios_or_refuse(path: Path) -> dict[str, float] | None:
+    """Load ``path``: a dict of names and finite ratios in [0, 1), or ``None`` for a one-sentence UserError naming
+    the file (any other exception fails the test)."""
+    try:
+        ratios = load_ratios_yaml(path)
+    except UserError as error:
+        assert_one_sentence(error, str(path))
+        event("refused")
+        return None
+    event("loaded")
+    assert all(isinstance(name, str) and type(ratio) is float for name, ratio in ratios.items())
+    assert all(0.0 <= ratio < 1.0 and math.isfinite(ratio) for ratio in ratios.values())
+    return ratios
+
+
+@property_settings(300)
+@given(document=ratios_documents())
+@example(document=(RATIOS_HEAD + "  prune_params_name: [a, a]\n  pruned_ratio: [0.1, 0.2]\n", None))  # the last won
+@example(document=(VALID_RATIOS + VALID_RATIOS, None))  # the second block won
+@example(document=(RATIOS_HEAD + "  prune_params_name: [a]\n  pruned_ratio: [.nan]\n", None))  # nan was loaded
+@example(
+    document=(RATIOS_HEAD + "  prune_params_name: [a, b]\n  pruned_ratio: 0\n", {"a": 0.0, "b": 0.0})
+)  # 0: not pruned
+def test_any_ratios_document_loads_its_listed_pairs_or_names_the_file(
+    ratios_dir: Path, document: tuple[str, dict[str, float] | None]
+) -> None:
+    text, expected = document
+    path = ratios_dir / "document.yaml"
+    path.write_text(text)
+    ratios = load_ratios_or_refuse(path)
+    assert ratios == expected
+    if ratios is not None:
+        assert list(ratios) == list(expected or {})  # in the file's order
+
+
+# Pieces of YAML syntax, so that whole-file bytes reach the parser's corners (anchors, tags, flow_yaml, indentation).
+ratios_soup = st.lists(
+    st.sampled_from([
+        "ChannelPrune:", "  prune_params_name:", "  pruned_ratio:", "  - 0.weight", "  - 0.5", " [0.weight]", " [0.5]",
+        "&a ", "*a", "<<: *a", "- ", ": ", "!!python/object:os.system ", "!!binary ", "!!set ", "{", "}", "[", "]",
+        ",", "'", '"', "\n", "\r\n", "\t", "  ", "#", "---\n", "...\n", "\x00", "\x85", "\ufeff", ".nan", "1e309",
+        "2001-02-30", "~", "yes",
+    ]) | st.text(max_size=3),
+    max_size=30,
+).map(lambda pieces: "".join(pieces).encode("utf-8"))  # fmt: skip
+
+
+@property_settings(300)
+@given(data=st.binary() | ratios_soup)
+@example(data=b"ChannelPrune: {prune_params_name: [\xff], pruned_ratio: 0.5}")  # UnicodeDecodeError
+@example(data=b"ChannelPrune: 2001-02-30")  # PyYAML's date raised ValueError
+@example(data=b"x: " + b"[" * 3000 + b"]" * 3000)  # RecursionError
+def test_any_ratios_bytes_load_or_name_the_file(ratios_dir: Path, data: bytes) -> None:
+    path = ratios_dir / "bytes.yaml"
+    path.write_bytes(data)
+    load_ratios_or_refuse(path)
+
+
+@property_settings(200)
+@given(
+    ratios=st.dictionaries(st.text(), st.floats(0, 0.999999) | st.just(0.0), max_size=6),
+    target=st.none() | st.floats(0, 1),
+    ordered=st.integers(0, 6),
+)
+@example(ratios={"\x85": 0.5}, target=None, ordered=0)  # written raw in single quotes, it read back as " "
+@example(ratios={"a": 1e-7, "b": 0.0, "c": 0.3}, target=0.02, ordered=1)  # rounds to 0: left out like 0
+def test_written_ratios_read_back_rounded_without_the_unpruned(
+    ratios_dir: Path, ratios: dict[str, float], target: float | None, ordered: int
+) -> None:
+    order = list(ratios)[::-1][:ordered]  # model order for some names; the rest follow in their own order
+    path = ratios_dir / "written.yaml"
+    path.write_text(channel_prune_yaml(ratios, order, "l1_norm", target))
+    names = order + [name for name in ratios if name not in order]
+    kept = {name: round(ratios[name], 6) for name in names if round(ratios[name], 6) > 0}
+    read = load_ratios_yaml(path)
+    assert read == kept
+    assert list(read) == list(kept)

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -13,12 +12,14 @@ import torch
 
 from analysis.cli._exit import EXIT_OK
 from analysis.cli._logs import setup_logging
+from analysis.cli._parser import CommandParser
 from analysis.compat.topology import dependency_csv, dependency_sets, not_safe_to_prune
 from analysis.config import check_target_loss, load_config
 from analysis.errors import AnalysisFileError
 from analysis.inputs.models import build_model
 from analysis.io._lock import exclusive
 from analysis.io.atomic import atomic_write_text, writable_folder
+from analysis.io.outputs import check_output_file, check_output_folder
 from analysis.io.results import sidecar_path
 from analysis.io.tables import CSV_STYLES, csv_path, export_csv
 from analysis.scale._shards import merge_files
@@ -26,9 +27,9 @@ from analysis.scale._shards import merge_files
 logger = logging.getLogger(__name__)
 
 
-def build_report_parser() -> argparse.ArgumentParser:
+def build_report_parser() -> CommandParser:
     """The parser of ``run.py report``."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="run.py report",
         description="Write the CSV exports, plots and HTML report of an existing analysis file (and its .json "
         "sidecar) without evaluating anything.",
@@ -41,9 +42,9 @@ def build_report_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def build_merge_parser() -> argparse.ArgumentParser:
+def build_merge_parser() -> CommandParser:
     """The parser of ``run.py merge``."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="run.py merge",
         description="Merge analysis files (and their .json sidecars) of one analysis, e.g. shards, into OUTPUT: "
         "later inputs win for the same (param, ratio), as PaddleSlim's merge_sensitive; files of another model, "
@@ -54,16 +55,16 @@ def build_merge_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def build_deps_parser() -> argparse.ArgumentParser:
+def build_deps_parser() -> CommandParser:
     """The parser of ``run.py deps``."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="run.py deps",
         description="Print the model's channel dependency sets (convs whose filters must be removed together) and "
         "the convs that cannot be pruned, and write the sets as CSV in NNI's format.",
     )
     parser.add_argument("--config_path", required=True, help="YAML config; only its model keys are used")
     parser.add_argument("--output", help="CSV to write (default: dependencies.csv next to the analysis file)")
-    parser.add_argument("overrides", nargs="*", metavar="Section.key=value", help="dotted config overrides")
+    parser.add_overrides()
     return parser
 
 
@@ -100,11 +101,13 @@ def write_reports(
 
 def report_main(argv: Sequence[str]) -> int:
     """``run.py report``: regenerate the CSV, plots and HTML of an existing analysis file."""
-    args = build_report_parser().parse_args(list(argv))
+    args = build_report_parser().parse(argv)
     setup_logging(args.quiet)
     if not Path(args.analysis_file).is_file():
         raise AnalysisFileError(f"Analysis file {args.analysis_file} does not exist; pass the .pkl a run wrote.")
     check_target_loss(args.target_loss, "--target_loss")
+    if args.out_dir is not None:
+        check_output_folder(args.out_dir, "--out_dir")
     for path in write_reports(args.analysis_file, args.target_loss, args.ratio, args.out_dir):
         if not args.quiet:
             print(path)
@@ -113,11 +116,12 @@ def report_main(argv: Sequence[str]) -> int:
 
 def merge_main(argv: Sequence[str]) -> int:
     """``run.py merge``: merge analysis files of one analysis into one."""
-    args = build_merge_parser().parse_args(list(argv))
+    args = build_merge_parser().parse(argv)
     setup_logging()
     for path in args.inputs:
         if not Path(path).is_file():
             raise AnalysisFileError(f"Analysis file {path} does not exist; pass the .pkl files to merge.")
+    check_output_file(args.output, "OUTPUT")
     with exclusive(args.output):
         merged = merge_files(args.output, args.inputs)
     variants = sum(len(curve) for curve in merged.values())
@@ -128,17 +132,17 @@ def merge_main(argv: Sequence[str]) -> int:
 
 def deps_main(argv: Sequence[str]) -> int:
     """``run.py deps``: print and export the channel dependency sets and the convs that cannot be pruned."""
-    args = build_deps_parser().parse_args(list(argv))
+    args = build_deps_parser().parse(argv)
     setup_logging()
     config = load_config(args.config_path, args.overrides)
+    assert config.SensitivityAnalysis.analysis_file is not None
+    output = Path(args.output or Path(config.SensitivityAnalysis.analysis_file).with_name("dependencies.csv"))
+    check_output_file(output, "--output")
     g = config.Global
     model = build_model(g)
     example_input = torch.zeros(1, 3, g.img_size, g.img_size)
     sets = dependency_sets(model, example_input)
     unsafe = not_safe_to_prune(model, example_input)
-    assert config.SensitivityAnalysis.analysis_file is not None
-    output = Path(args.output or Path(config.SensitivityAnalysis.analysis_file).with_name("dependencies.csv"))
-    output.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(output, dependency_csv(sets))
     for number, members in enumerate(sets, start=1):
         print(f"Set {number}: {', '.join(members)}")

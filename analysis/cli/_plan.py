@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,7 +17,15 @@ from torch import nn
 from analysis.cli._exit import EXIT_OK
 from analysis.cli._job import run_job
 from analysis.cli._logs import setup_logging
-from analysis.config import LABEL_FREE_METRICS, PLAN_METHODS, Config, config_from_data, load_config
+from analysis.cli._parser import CommandParser
+from analysis.config import (
+    LABEL_FREE_METRICS,
+    PLAN_METHODS,
+    Config,
+    check_plan_granularity,
+    config_from_data,
+    load_config,
+)
 from analysis.engine._fidelity import Scoring as MetricScoring
 from analysis.engine._fidelity import fidelity_evaluator
 from analysis.engine.batchnorm import recalibrate_copy
@@ -25,6 +34,7 @@ from analysis.errors import AnalysisFileError, ConfigError
 from analysis.inputs._job import Inputs, build_inputs, needs_calibration
 from analysis.io import sidecar as schema
 from analysis.io._lock import exclusive
+from analysis.io.outputs import check_config_outputs, check_output_folder
 from analysis.io.ratios_yaml import load_ratios_yaml, save_ratios_yaml
 from analysis.io.results import ratios_path
 from analysis.io.sidecar import ConfigRecord, Sidecar
@@ -114,7 +124,7 @@ def run_plan_step(
         result = PlanResult(plan, source)
     else:
         source = Path(ratios_file) if ratios_file is not None else ratios_path(analysis_file)
-        if not source.is_file():
+        if ratios_file is None and not source.exists():
             raise ConfigError(f"No ratios to apply: {source} does not exist; set a budget or target_loss first.")
         plan = plan_from_ratios(model, example, analysis_file, load_ratios_yaml(source), source=str(source))
         result = PlanResult(plan, None)
@@ -204,8 +214,15 @@ def format_plan(result: PlanResult) -> str:
     width = max([len(g.members[0]) for g in plan.groups] + [5])
     for group in plan.groups:
         coupled = f" +{len(group.members) - 1} coupled" if len(group.members) > 1 else ""
-        lines.append(f"  {group.members[0]:<{width}}  ratio {group.ratio:.4f}  {len(group.removed):>4}/"
-                     f"{group.channels:<4} channels  predicted loss {group.predicted_loss:+.4f}{coupled}")  # fmt: skip
+        removed = f"{len(group.removed):>4}/{group.channels:<4} channels"
+        lines.append(f"  {group.members[0]:<{width}}  ratio {group.ratio:.4f}  {removed}  predicted loss "
+                     f"{_loss(group.predicted_loss)}{coupled}")  # fmt: skip
+    beyond = [g.members[0] for g in plan.groups if math.isnan(g.predicted_loss)]
+    if beyond:
+        named = ", ".join(beyond[:3]) + (", ..." if len(beyond) > 3 else "")
+        measured = "the verification below measures the plan" if result.verification else "verify measures it"
+        lines.append(f"note: {len(beyond)} group(s) ({named}) have a ratio above the largest analysed one, so their "
+                     f"loss and the plan's are unknown (no curve reaches there); {measured}.")  # fmt: skip
     dense, pruned = plan.dense, plan.pruned
     if plan.method == "measured" and plan.search is not None:
         search = plan.search
@@ -219,7 +236,7 @@ def format_plan(result: PlanResult) -> str:
         lines.append(f"finalists (top1, every calibration image): {finalists}; chosen: {search['chosen']}")
     else:
         lines.append(
-            f"predicted loss (sum of single-layer losses): {plan.predicted_loss:+.4f}"
+            f"predicted loss (sum of single-layer losses): {_loss(plan.predicted_loss)}"
             + (f" (at most {max(0.0, plan.predicted_loss - plan.lower_bound):.4f} above the optimum)"
                if plan.source == "budget" else "")
         )  # fmt: skip
@@ -239,7 +256,7 @@ def format_plan(result: PlanResult) -> str:
         shown = next(m for m in (*LABEL_FREE_METRICS, "top1") if m in verification.baseline)  # the analysis metric
         also = "top5" if "top5" in losses else None
         lines.append(
-            f"verified (all groups pruned at once, predicted loss {plan.predicted_loss:+.4f}): {shown} "
+            f"verified (all groups pruned at once, predicted loss {_loss(plan.predicted_loss)}): {shown} "
             f"{verification.baseline[shown]:.4f} ->"
         )
         lines.append(
@@ -273,9 +290,14 @@ def format_plan(result: PlanResult) -> str:
     return "\n".join(lines)
 
 
-def build_plan_parser() -> argparse.ArgumentParser:
+def _loss(value: float) -> str:
+    """A predicted loss as printed: signed, or ``unknown`` (NaN) where a ratio lies beyond the analysed ones."""
+    return "unknown" if math.isnan(value) else f"{value:+.4f}"
+
+
+def build_plan_parser() -> CommandParser:
     """The parser of ``run.py plan``."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="run.py plan",
         description="Allocate per-layer ratios reaching a MACs or params reduction with the smallest predicted loss, "
         "from the analysis file the config names (the analysis runs first if that file is missing); optionally "
@@ -296,9 +318,9 @@ def build_plan_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def build_verify_parser() -> argparse.ArgumentParser:
+def build_verify_parser() -> CommandParser:
     """The parser of ``run.py verify``."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="run.py verify",
         description="Prune a ratios YAML (ChannelPrune block) into the model all at once, evaluate it on the "
         "analysis data, and measure MACs, params, checkpoint size and latency next to the prediction.",
@@ -310,18 +332,18 @@ def build_verify_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_common(parser: argparse.ArgumentParser, verify_flag: bool = True) -> None:
+def _add_common(parser: CommandParser, verify_flag: bool = True) -> None:
     if verify_flag:
         parser.add_argument("--verify", action="store_true", help="prune all groups at once and measure the model")
     parser.add_argument("--export_dir", help="write pruned_model.pt, pruned_state_dict.pt, pruned_channels.json")
     parser.add_argument("--no_report", action="store_true", help="do not rewrite the report")
     parser.add_argument("--quiet", action="store_true", help="only warnings, errors and results")
-    parser.add_argument("overrides", nargs="*", metavar="Section.key=value", help="dotted config overrides")
+    parser.add_overrides()
 
 
 def plan_main(argv: Sequence[str]) -> int:
     """``run.py plan``: budget plan from the config's analysis file (analysing first if it is missing)."""
-    args = build_plan_parser().parse_args(list(argv))
+    args = build_plan_parser().parse(argv)
     setup_logging(args.quiet)
     flags = {
         "SensitivityAnalysis.target_macs_reduction": args.target_macs_reduction,
@@ -331,10 +353,13 @@ def plan_main(argv: Sequence[str]) -> int:
         "SensitivityAnalysis.plan_method": args.method,
         "SensitivityAnalysis.eval_budget": args.eval_budget,
     }
+    if args.export_dir is not None:
+        check_output_folder(args.export_dir, "--export_dir")
     config = load_config(args.config_path, args.overrides, flags)
     if budget(config) is None:
         raise ConfigError("run.py plan needs --target_macs_reduction or --target_params_reduction (or "
                           "SensitivityAnalysis.target_macs_reduction in the config).")  # fmt: skip
+    check_config_outputs(config)
     progress = False if args.quiet else None
     inputs = build_inputs(config, progress, calibration=needs_calibration(config))
     analysis_file = config.SensitivityAnalysis.analysis_file
@@ -347,8 +372,10 @@ def plan_main(argv: Sequence[str]) -> int:
 
 def verify_main(argv: Sequence[str]) -> int:
     """``run.py verify``: apply a ratios YAML jointly and measure the pruned model."""
-    args = build_verify_parser().parse_args(list(argv))
+    args = build_verify_parser().parse(argv)
     setup_logging(args.quiet)
+    if args.export_dir is not None:
+        check_output_folder(args.export_dir, "--export_dir")
     if not Path(args.analysis_file).is_file():
         raise AnalysisFileError(f"Analysis file {args.analysis_file} does not exist; pass the .pkl a run wrote.")
     flags = {"SensitivityAnalysis.analysis_file": args.analysis_file}
@@ -365,6 +392,9 @@ def verify_main(argv: Sequence[str]) -> int:
     config.SensitivityAnalysis.verify = True
     if args.export_dir is not None:
         config.SensitivityAnalysis.export_dir = args.export_dir
+    check_plan_granularity(config.SensitivityAnalysis)
+    check_config_outputs(config)
+    load_ratios_yaml(args.ratios)  # read before the model and the data load, so a bad file is refused at once
     progress = False if args.quiet else None
     inputs = build_inputs(config, progress, calibration=needs_calibration(config))
     return _finish(config, inputs, args, progress, ratios_file=args.ratios)

@@ -20,6 +20,7 @@ from analysis.cli._commands import SUBCOMMANDS, write_reports
 from analysis.cli._exit import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USER_ERROR
 from analysis.cli._job import run_job
 from analysis.cli._logs import setup_logging
+from analysis.cli._parser import CommandParser
 from analysis.cli._plan import PLAN_COMMANDS, format_plan, run_plan_step, wants_plan_step
 from analysis.config import Config, describe, load_config
 from analysis.engine.loss import format_metrics
@@ -28,6 +29,7 @@ from analysis.errors import ConfigError, UserCodeError, UserError
 from analysis.inputs._job import build_inputs, needs_calibration
 from analysis.inputs.device import resolve_device
 from analysis.io._lock import check_unlocked
+from analysis.io.outputs import check_config_outputs
 from analysis.io.results import sidecar_path
 from analysis.planning.ratios import explain_target_loss
 from analysis.reporting._summary import format_table
@@ -44,9 +46,9 @@ from analysis.scale.distributed import (
 logger = logging.getLogger("analysis")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> CommandParser:
     """The argument parser of the main job."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="run.py",
         description="Filter-pruning sensitivity analysis of a PyTorch CNN, configured by an ACT-style YAML file.",
         epilog="Overrides use dotted keys, e.g. Global.batch_size=64 SensitivityAnalysis.metric=top5. "
@@ -65,13 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quiet", action="store_true", help="only warnings, errors and the results")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("overrides", nargs="*", metavar="Section.key=value", help="dotted config overrides")
+    parser.add_overrides()
     return parser
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Parse ``argv``; dotted overrides may also follow ``--pruned_ratios`` values."""
-    args = build_parser().parse_args(list(argv))
+    args = build_parser().parse(argv)
     if args.pruned_ratios:
         tokens = [t for item in args.pruned_ratios for t in item.split(",") if t]
         args.overrides += [t for t in tokens if "=" in t]
@@ -110,6 +112,7 @@ def job_main(argv: Sequence[str]) -> int:
     }
     shard = ShardSpec.parse(args.shard) if args.shard else None
     config = load_config(args.config_path, args.overrides, flags)
+    check_config_outputs(config)  # before anything loads or is written
     rank = from_environment()
     if rank is not None:
         if shard is not None:

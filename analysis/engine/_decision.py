@@ -25,6 +25,7 @@ interpolated variants stop there too instead of running to the end.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -33,6 +34,9 @@ from analysis.engine._adaptive import MIN_SAMPLES, PairedEstimate
 
 LOOK_GROWTH = 1.5
 """Each look after the first comes once the images seen grew by this factor."""
+
+LOG_TWO_PI = math.log(2.0 * math.pi)
+"""``log(2 pi)``, of the normal density's constant."""
 
 SETTLED = ("above", "below", "exact", "precise")
 """How a decision-driven variant ended: settled on one side, evaluated on every image, or within the precision."""
@@ -47,6 +51,42 @@ def look_schedule(population: int, first: int = MIN_SAMPLES, growth: float = LOO
         looks.append(count)
         count = math.ceil(count * growth)
     return tuple(looks)
+
+
+def upper_quantile(error: float, tests: int) -> float:
+    """The ``z`` with ``P(Z > z) = error / tests`` for a standard normal ``Z``, accurate for every ``error`` in (0, 1).
+
+    ``1 - error / tests`` loses the tail's digits and rounds to 1 below about 1e-16, so the quantile is taken of
+    the tail itself: ``NormalDist.inv_cdf`` keeps full precision down to the smallest float there. Below the normal
+    floats (about 1e-308) the quotient loses its digits or underflows to 0, so there the equation is solved in
+    logarithms (Newton's method on the log tail, which the asymptotic expansion gives to full precision at such ``z``).
+    """
+    tail = error / tests
+    if tail >= sys.float_info.min:
+        return -NormalDist().inv_cdf(tail)
+    log_tail = math.log(error) - math.log(tests)
+    twice = -2.0 * log_tail
+    z = math.sqrt(twice - math.log(twice) - LOG_TWO_PI)  # the expansion's leading terms: within 0.05 here
+    for _ in range(20):
+        series = _mills_series(z)
+        log_upper = -0.5 * z * z - math.log(z) - 0.5 * LOG_TWO_PI + math.log(series)
+        step = (log_upper - log_tail) * series / z  # d(log tail)/dz = -z / series
+        z += step
+        if abs(step) <= 1e-15 * z:
+            break
+    return z
+
+
+def _mills_series(z: float) -> float:
+    """``P(Z > z) * z / phi(z)`` for large ``z``: the asymptotic series ``1 - 1/z^2 + 3/z^4 - 15/z^6 + ...``, summed
+    while its terms shrink (beyond ``z = 37``, where it is used, the first dozen give every digit of a float)."""
+    total, term, k = 1.0, 1.0, 1
+    while True:
+        following = -term * (2 * k - 1) / (z * z)
+        if abs(following) >= abs(term) or abs(following) < 1e-17 * total:
+            return total
+        total += following
+        term, k = following, k + 1
 
 
 @dataclass(frozen=True)
@@ -80,7 +120,7 @@ class DecisionRule:
         """
         looks = look_schedule(population)
         tests = max(1, variants) * max(1, len(looks))
-        return cls(target, NormalDist().inv_cdf(1.0 - error / tests), looks, precision)
+        return cls(target, upper_quantile(error, tests), looks, precision)
 
 
 @dataclass(eq=False)

@@ -117,7 +117,7 @@ def run_analysis(
             a baseline already), so the engine does not evaluate it again.
     """
     example_input = data.example_input
-    with eval_mode(model), exclusive(analysis_file):  # training flags restored; one writer per analysis file
+    with eval_mode(model):  # training flags restored
         graph = build_dependency_graph(model, example_input)
         order = execution_order(model, example_input)
         element = settings.granularity == "element"
@@ -142,29 +142,32 @@ def run_analysis(
             data=data.fingerprint,
             settings=settings.fingerprint(calibration=data.calibration_fingerprint),
         )
-        store = AnalysisStore(analysis_file, fingerprint, [p.name for p in params], overwrite=overwrite, config=config)
-        if baseline is not None and store.baseline is None:
-            store.set_baseline(baseline)
-        for param in params:
-            if param.reason:
-                store.mark_unprunable(param.name, param.reason)
-        logger.info(
-            "%d unit(s) (%s): %d prunable, %d analysed; ratios %s; criterion %s.",
-            len(params),
-            _count_kinds(params),
-            sum(p.prunable for p in params),
-            len(analysed),
-            ", ".join(f"{r:g}" for r in settings.ratios),
-            settings.criterion,
-        )
-        report = make_engine(model, data, graph, settings, store).run([] if baseline_only else analysed)
-        store.save()  # also when nothing was evaluated: the sidecar then records the baseline and every reason
-        outcome = AnalysisOutcome(Path(analysis_file), store.ordered(), params, analysed, report)
-        outcome.early_stopped = store.early_stops()
-        outcome.estimated = store.estimated()
-        if target_loss is not None:
-            derive_ratios(outcome, target_loss, settings.criterion, settings.granularity)
-        return outcome
+        with exclusive(analysis_file):  # one writer per analysis file; taken once the selection is valid
+            store = AnalysisStore(
+                analysis_file, fingerprint, [p.name for p in params], overwrite=overwrite, config=config
+            )
+            if baseline is not None and store.baseline is None:
+                store.set_baseline(baseline)
+            for param in params:
+                if param.reason:
+                    store.mark_unprunable(param.name, param.reason)
+            logger.info(
+                "%d unit(s) (%s): %d prunable, %d analysed; ratios %s; criterion %s.",
+                len(params),
+                _count_kinds(params),
+                sum(p.prunable for p in params),
+                len(analysed),
+                ", ".join(f"{r:g}" for r in settings.ratios),
+                settings.criterion,
+            )
+            report = make_engine(model, data, graph, settings, store).run([] if baseline_only else analysed)
+            store.save()  # also when nothing was evaluated: the sidecar then records the baseline and every reason
+            outcome = AnalysisOutcome(Path(analysis_file), store.ordered(), params, analysed, report)
+            outcome.early_stopped = store.early_stops()
+            outcome.estimated = store.estimated()
+            if target_loss is not None:
+                derive_ratios(outcome, target_loss, settings.criterion, settings.granularity)
+            return outcome
 
 
 def make_engine(

@@ -31,7 +31,9 @@ from analysis.inputs.data import (
     EvalLoader,
     Preprocess,
     Sample,
+    SizeKeys,
     check_files_exist,
+    check_image_memory,
     has_subfolders,
     read_sample_list,
     scan_image_folder,
@@ -191,6 +193,23 @@ def calibration_preprocess(cfg: GlobalConfig) -> Preprocess:
     return dataclasses.replace(preprocess, resize_size=resize_size, img_size=img_size)
 
 
+def calibration_size_keys(cfg: GlobalConfig) -> SizeKeys:
+    """How messages name the calibration images' sizes: their own keys, or the evaluation's they default to."""
+
+    def subject(key: str, own: str) -> str:
+        if getattr(cfg, own) is not None:
+            return f"Global.{own} {{}}"
+        return f"Global.{key} {{}}, which the calibration images use while Global.{own} is unset,"
+
+    return SizeKeys(
+        subject("img_size", "calib_img_size"),
+        subject("resize_size", "calib_resize_size"),
+        "Global.calib_img_size (or fewer Global.calib_samples)",
+        "Global.calib_resize_size",
+        "calibration image",
+    )
+
+
 def build_calibration_set(
     cfg: GlobalConfig, device: torch.device, eval_loader: EvalLoader, progress: bool | None = None
 ) -> CalibrationSet | None:
@@ -205,6 +224,8 @@ def build_calibration_set(
     Raises:
         DataError: For a missing, unreadable or empty list or folder, a missing or undecodable image, or a set
             found by default that shares images with the evaluation set.
+        ConfigError: For calibration image sizes whose images do not fit in the available memory (checked before
+            allocating them).
     """
     source = resolve_calibration(cfg)
     if source is None:
@@ -220,6 +241,8 @@ def build_calibration_set(
         count = f"all {len(found)} images"
     description = f"{source.layout}, {count}"
     preprocess = calibration_preprocess(cfg)
+    batch = min(cfg.batch_size, len(samples))
+    check_image_memory(preprocess, batch, device, cached=len(samples), keys=calibration_size_keys(cfg))
     loader = EvalLoader(samples, description, preprocess, cfg.batch_size, eval_loader.num_workers, device)
     loader.cache_in_memory(progress)
     return CalibrationSet(loader, description, str(source.path), source.explicit)

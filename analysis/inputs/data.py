@@ -19,6 +19,7 @@ import codecs
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import time
 from collections import defaultdict
@@ -39,7 +40,7 @@ from tqdm.auto import tqdm
 
 from analysis._progress import progress_disabled
 from analysis.config import DEFAULT_MAX_IMAGE_PIXELS, GlobalConfig, printable
-from analysis.errors import DataError
+from analysis.errors import ConfigError, DataError
 from analysis.io._fingerprint import json_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -598,7 +599,9 @@ def build_eval_loader(cfg: GlobalConfig, device: torch.device) -> EvalLoader:
         kind = "class-balanced subset" if labelled else "random subset"
         layout += f" ({kind} of {len(samples)}/{total}, seed {cfg.seed})"
     workers = default_num_workers() if cfg.num_workers is None else cfg.num_workers
-    return EvalLoader(samples, layout, Preprocess.from_config(cfg), cfg.batch_size, workers, device, labelled)
+    preprocess = Preprocess.from_config(cfg)
+    check_image_memory(preprocess, min(cfg.batch_size, len(samples)), device)  # before the model runs on one image
+    return EvalLoader(samples, layout, preprocess, cfg.batch_size, workers, device, labelled)
 
 
 def available_memory_bytes() -> int:
@@ -613,11 +616,96 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+PILLOW_BYTES_PER_PIXEL = 4
+"""Pillow holds an RGB image with 4 bytes a pixel (the resized image exists whole before the center crop)."""
+
+
+@dataclass(frozen=True)
+class SizeKeys:
+    """How messages name the sizes of a :class:`Preprocess`: the keys that set them (``{}`` is the value) and the keys
+    that make them smaller (the calibration images' sizes default to the evaluation's)."""
+
+    img_size: str = "Global.img_size {}"
+    resize_size: str = "Global.resize_size {}"
+    smaller_img_size: str = "Global.img_size (or Global.batch_size)"
+    smaller_resize_size: str = "Global.resize_size"
+    images: str = "image"
+
+
+EVAL_SIZE_KEYS = SizeKeys()
+
+
+def check_image_memory(
+    preprocess: Preprocess,
+    batch_size: int,
+    device: torch.device,
+    cached: int = 0,
+    keys: SizeKeys = EVAL_SIZE_KEYS,
+    available: int | None = None,
+) -> None:
+    """Refuse image sizes for which not even one batch fits in the available memory, before anything is allocated
+    (else the allocator fails with a traceback, or the system kills the run).
+
+    What is counted is the least any pass holds: a decoded uint8 batch, its float32 normalised copy when batches are
+    normalised on the CPU, the ``cached`` images decoded once into RAM, and Pillow's resized image (short side
+    ``resize_size``, the long side at least as long). Usual sizes need far less (1024 px at batch 256: 4 GB).
+
+    Args:
+        preprocess: The sizes.
+        batch_size: Images per batch (at most the set's size).
+        device: Where batches are normalised (host memory holds the float copy only on the CPU).
+        cached: Images decoded once into RAM besides the batch.
+        keys: How to name the sizes.
+        available: Memory to compare with (default: :func:`available_memory_bytes`).
+
+    Raises:
+        ConfigError: Naming the key of the size at fault and what it needs.
+    """
+    crop, resize = preprocess.img_size, preprocess.resize_size
+    image = 3 * crop * crop
+    batch = batch_size * image * (5 if device.type == "cpu" else 1)
+    resized = PILLOW_BYTES_PER_PIXEL * resize * resize
+    free = available_memory_bytes() if available is None else available
+    held = batch + cached * image
+    needed = held + resized
+    if needed <= free:
+        return
+    than = f"more than the {_bytes(free)} of memory this machine has available"
+    if held >= resized:
+        normalised = " with its float32 normalised copy" if device.type == "cpu" else ""
+        one_batch = f"a batch of {batch_size}{normalised}"
+        what = f"{one_batch} needs"
+        if cached:
+            what = f"the {cached} {keys.images}s decoded once into RAM and {one_batch} need"
+        total = f" ({_bytes(needed)} with the image being resized)" if held <= free else ""
+        raise ConfigError(
+            f"{keys.img_size.format(crop)} makes one decoded {keys.images} {_bytes(image)} (3 x {crop} x {crop} "
+            f"bytes), and {what} {_bytes(held)}{total}, {than}; use a smaller {keys.smaller_img_size}."
+        )
+    total = f" ({_bytes(needed)} with the decoded images)" if resized <= free else ""
+    raise ConfigError(
+        f"{keys.resize_size.format(resize)} makes each {keys.images} at least {_bytes(resized)} while it is resized "
+        f"({PILLOW_BYTES_PER_PIXEL} x {resize} x {resize} bytes, before the center crop){total}, {than}; use a smaller "
+        f"{keys.smaller_resize_size}."
+    )
+
+
+def _bytes(count: float) -> str:
+    """``count`` bytes in decimal units, for messages: ``512 bytes``, ``30.0 GB``, ``1.2 TB``."""
+    if count < 1000:
+        return f"{count:.0f} bytes"
+    power = min(5, int(math.log10(count)) // 3)
+    return f"{count / 1000**power:.1f} {('', 'kB', 'MB', 'GB', 'TB', 'PB')[power]}"
+
+
 def apply_data_cache(loader: EvalLoader, mode: str, max_gb: float | None, progress: bool | None = None) -> bool:
     """Decode the images once into RAM when ``mode`` asks for it (``ram``) or they fit the budget (``auto``).
 
     The budget is ``max_gb``, or half of the currently available memory when unset. Returns whether the loader now
     reads from RAM; with ``auto`` and too little memory it keeps streaming and says so.
+
+    Raises:
+        ConfigError: With ``ram``, for images that do not fit in the available memory (checked before allocating).
     """
     if mode == "off":
         return False
@@ -629,6 +717,20 @@ def apply_data_cache(loader: EvalLoader, mode: str, max_gb: float | None, progre
             "every pass decodes the images again.", needed / 1024**3, budget / 1024**3,
         )  # fmt: skip
         return False
+    free = available_memory_bytes()
+    if needed > free and mode == "auto":  # a cache_max_gb above the memory there is
+        logger.info(
+            "Data cache off: the decoded images need %.2f GB, more than the %.2f GB of memory available; every pass "
+            "decodes the images again.", needed / 1024**3, free / 1024**3,
+        )  # fmt: skip
+        return False
+    if needed > free:  # allocating it would fail with a traceback, or get the run killed
+        size = loader.preprocess.img_size
+        raise ConfigError(
+            f"Global.data_cache is ram but the {loader.num_samples} decoded images need {_bytes(needed)} (3 x {size} x "
+            f"{size} bytes each), more than the {_bytes(free)} of memory this machine has available; use data_cache: "
+            "auto (it streams what does not fit) or a smaller Global.img_size."
+        )
     if needed > budget:
         logger.warning(
             "Global.data_cache is ram: caching %.2f GB, above the %.2f GB budget.", needed / 1e9, budget / 1e9

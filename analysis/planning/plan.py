@@ -127,7 +127,7 @@ class Plan:
         groups = [
             PlanGroupRecord(members=list(g.members), ranking_param=g.ranking_param, ratio=g.ratio,
                             channels=g.channels, channels_removed=len(g.removed),
-                            predicted_loss=_finite(g.predicted_loss))
+                            predicted_loss=known_loss(g.predicted_loss))
             for g in self.groups
         ]  # fmt: skip
         summary = cost_summary(self.dense, self.pruned)
@@ -137,8 +137,8 @@ class Plan:
             source=self.source,
             method=self.method,
             method_description=self.describe_method(),
-            predicted_loss=_finite(self.predicted_loss),
-            lower_bound=_finite(self.lower_bound),
+            predicted_loss=known_loss(self.predicted_loss),
+            lower_bound=known_loss(self.lower_bound),
             dense=CostRecord.from_json(self.dense.as_dict(), "dense"),
             pruned=CostRecord(macs=self.pruned.macs, params=self.pruned.params),
             macs_reduction=summary["macs_reduction"],
@@ -169,8 +169,9 @@ class Plan:
         )
 
 
-def _finite(value: float) -> float | None:
-    """``value`` for JSON, None when it is not a finite number (a loss beyond the measured ratios)."""
+def known_loss(value: float) -> float | None:
+    """``value`` for JSON, None when it is not a finite number: a loss is unknown (NaN) where a ratio lies beyond the
+    analysed ones, which no curve can predict."""
     return value if math.isfinite(value) else None
 
 
@@ -244,6 +245,7 @@ def plan_from_ratios(
         planner = Planner(model, example_input, settings, "macs")
         params, costs = planner.params, planner.costs
         decided: dict[str, str] = {}  # param -> the member that decided its group
+        listed: dict[str, str] = {}  # param -> the name the ratios gave it
         groups: list[PlannedGroup] = []
         for name, ratio in ratios.items():
             param = planner.by_name.get(name) or planner.by_name.get(f"{name}.weight")
@@ -251,6 +253,11 @@ def plan_from_ratios(
                 reasons = {p.name: p.reason for p in params if p.reason}
                 why = f": {reasons[name]}" if name in reasons else did_you_mean(name, planner.by_name)
                 raise UserError(f"ratios: '{name}' is not a prunable unit of this model{why}.")
+            if param.name in listed:
+                raise UserError(
+                    f"ratios: '{listed[param.name]}' and '{name}' name the same param {param.name}; list it once."
+                )
+            listed[param.name] = name
             if not 0.0 <= ratio < 1.0:
                 raise UserError(f"ratios: {name} has ratio {ratio}; ratios must lie in [0, 1).")
             if param.name in decided:

@@ -26,7 +26,7 @@ from analysis.engine.loss import relative_loss
 from analysis.inputs.calibration import CalibrationSet
 from analysis.io.sidecar import DensePrunedRecord, ReestimatedRecord, VerificationRecord
 from analysis.planning.export import saved_bytes
-from analysis.planning.plan import Plan
+from analysis.planning.plan import Plan, known_loss
 from analysis.structure.flops import count_cost
 from analysis.structure.physical import jointly_pruned_copy
 
@@ -99,7 +99,7 @@ class Verification:
         return VerificationRecord(
             baseline=self.baseline,
             pruned=self.pruned,
-            predicted_loss=self.predicted_loss,
+            predicted_loss=known_loss(self.predicted_loss),
             measured_loss=self.losses(),
             reestimated=reestimated,
             macs=DensePrunedRecord(dense=self.dense_cost["macs"], pruned=self.pruned_cost["macs"]),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import traceback
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -486,7 +487,10 @@ def select_params(
 
     skipped = {resolve(n, skip_key).name for n in skip}
     if names is None:
-        return [p for p in params if p.prunable and p.kind in kinds and p.name not in skipped]
+        by_kind = [p for p in params if p.prunable and p.kind in kinds and p.name not in skipped]
+        if not by_kind:
+            raise ConfigError(_nothing_left(params, kinds, units, units_key, skip_key, skipped))
+        return by_kind
     chosen = {resolve(n, key).name for n in names}
     for name in chosen:
         if not by_name[name].prunable:
@@ -496,4 +500,33 @@ def select_params(
                 f"{key}: '{name}' is a {by_name[name].kind} unit but {units_key} is {sorted(kinds)}; "
                 f"add {by_name[name].kind} to units or remove the name."
             )
-    return [p for p in params if p.name in chosen and p.name not in skipped]
+    selected = [p for p in params if p.name in chosen and p.name not in skipped]
+    if not chosen:
+        raise ConfigError(f"{key} is an empty list; name the units to analyse, or leave it out for every one.")
+    if not selected:
+        raise ConfigError(f"{skip_key} leaves out every unit {key} names; nothing is left to analyse.")
+    return selected
+
+
+def _nothing_left(
+    params: Sequence[PrunableParam],
+    kinds: set[str],
+    units: Sequence[str] | None,
+    units_key: str,
+    skip_key: str,
+    skipped: set[str],
+) -> str:
+    """Why a selection by kind leaves no unit to analyse, naming the key to change and what the model has."""
+    prunable = Counter(p.kind for p in params if p.prunable)
+    has = ", ".join(f"{prunable[kind]} {kind}" for kind in UNIT_KINDS if prunable[kind])
+    if not prunable:
+        reasons = Counter(p.reason for p in params if p.reason)
+        why = "; ".join(f"{count} {reason}" for reason, count in reasons.most_common(3)) or "no conv, Linear or heads"
+        return f"This model has no prunable unit ({len(params)} unit(s): {why}); there is nothing to analyse."
+    if units is not None and not any(prunable[kind] for kind in kinds):
+        which = "that kind" if len(kinds) == 1 else "those kinds"
+        return (
+            f"{units_key} is {list(units)}, but this model has no prunable unit of {which} (it has {has}); add one of "
+            f"its kinds to {units_key} or leave it out."
+        )
+    return f"{skip_key} leaves out every prunable unit ({len(skipped)} listed; the model has {has}); nothing is left."

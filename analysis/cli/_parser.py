@@ -1,0 +1,37 @@
+"""The argument parser every command uses: argparse's errors become the one-sentence :class:`ConfigError` of exit
+code 2, and dotted overrides may stand anywhere among the flags."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from analysis.errors import ConfigError
+
+OVERRIDES_METAVAR = "Section.key=value"
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An :class:`argparse.ArgumentParser` whose errors are a :class:`ConfigError` (the usage is printed above it),
+    so a bad argument ends like every other bad input: ``error: <one sentence>``, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        raise ConfigError(f"{self.prog}: {message}; see {self.prog} --help.")
+
+    def add_overrides(self) -> None:
+        """The optional dotted overrides (``Global.batch_size=64``), allowed before, between and after the flags."""
+        self.add_argument("overrides", nargs="*", default=[], metavar=OVERRIDES_METAVAR, help="dotted config overrides")
+
+    def parse(self, argv: Sequence[str]) -> argparse.Namespace:
+        """Parse ``argv``; dotted overrides may also follow a flag (argparse alone takes only the first run of them)."""
+        args, extra = self.parse_known_args(list(argv))
+        later = [token for token in extra if "=" in token and not token.startswith("-")]
+        unknown = [token for token in extra if token not in later]
+        if unknown or (later and not hasattr(args, "overrides")):
+            self.error(f"unrecognized arguments: {' '.join(unknown or later)}")
+        if later:
+            args.overrides = [*args.overrides, *later]
+        return args
