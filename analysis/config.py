@@ -593,6 +593,16 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
     return total
 
 
+UNHOLDABLE = (RecursionError, ValueError, OverflowError)
+"""What Python raises for YAML it parses but cannot hold: nesting thousands deep, a date like 2001-02-30, an integer
+of thousands of digits."""
+
+
+def unholdable(error: BaseException) -> str:
+    """What an :data:`UNHOLDABLE` error says, in a few words for a message."""
+    return "it nests too deeply" if isinstance(error, RecursionError) else first_line(error)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"Config file {path} does not exist; pass an existing YAML file with --config_path.")
@@ -616,12 +626,10 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"Config file {path}{where}: invalid YAML ({error.problem}{started}).") from None
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         raise ConfigError(f"Config file {path} is not valid YAML ({error}).") from None
-    except RecursionError:
+    except UNHOLDABLE as error:
         raise ConfigError(
-            f"Config file {path} nests its YAML too deeply to read; a config is a few levels deep."
+            f"Config file {path} holds a value Python cannot hold ({unholdable(error)}); fix it."
         ) from None
-    except (ValueError, OverflowError) as error:  # a date like 2001-02-30, an integer of thousands of digits
-        raise ConfigError(f"Config file {path} holds a value that cannot be read ({error}); fix or quote it.") from None
     if data is None:
         raise ConfigError(f"Config file {path} is empty; it needs at least a Global block.")
     if not isinstance(data, dict):
@@ -702,12 +710,8 @@ def _parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         except (OmegaConfBaseException, yaml.YAMLError) as error:
             problem = getattr(error, "problem", None) or first_line(str(error))
             raise ConfigError(f"Override '{shown}' could not be parsed ({problem}); check its YAML value.") from None
-        except RecursionError:
-            raise ConfigError(
-                f"Override '{shown}' could not be parsed (it nests too deeply); check its YAML value."
-            ) from None
-        except (ValueError, OverflowError) as error:  # a date like 2001-02-30, an integer of thousands of digits
-            raise ConfigError(f"Override '{shown}' could not be parsed ({error}); fix or quote its value.") from None
+        except UNHOLDABLE as error:
+            raise ConfigError(f"Override '{shown}' could not be parsed ({unholdable(error)}); fix its value.") from None
         assert isinstance(layer, dict)
         section = _check_section(parts[0], layer[parts[0]])
         _deep_update(nested.setdefault(parts[0], {}), section)

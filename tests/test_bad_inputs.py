@@ -793,9 +793,12 @@ def test_verify_refuses_two_names_of_one_param(cli: Cli, tmp_path: Path, list_da
 @pytest.mark.parametrize(
     ("text", "pattern"),
     [
-        ("Global: " + "[" * 3000 + "]" * 3000 + "\n", r"bad\.yaml nests its YAML too deeply to read"),
-        ("Global:\n  seed: 2001-02-30\n", r"bad\.yaml holds a value that cannot be read \(day is out of range"),
-        ("Global:\n  seed: " + "9" * 5000 + "\n", r"bad\.yaml holds a value that cannot be read \(Exceeds the limit"),
+        (
+            "Global: " + "[" * 3000 + "]" * 3000 + "\n",
+            r"bad\.yaml holds a value Python cannot hold \(it nests too deeply\); fix it\.",
+        ),
+        ("Global:\n  seed: 2001-02-30\n", r"bad\.yaml holds a value Python cannot hold \(day is out of range"),
+        ("Global:\n  seed: " + "9" * 5000 + "\n", r"bad\.yaml holds a value Python cannot hold \(Exceeds the limit"),
     ],
 )
 def test_yaml_values_python_cannot_hold_name_the_config_file(
@@ -904,7 +907,7 @@ BAD_RATIOS: dict[str, tuple[str | bytes, str]] = {
     ),
     "a ratio of 5000 digits": (
         RATIOS_HEAD + f"  prune_params_name: [0.weight]\n  pruned_ratio: [{'9' * 5000}]\n",
-        r" holds a value that cannot be read \(Exceeds the limit",
+        r" holds a value Python cannot hold \(Exceeds the limit",
     ),
     "a number as a name": (
         RATIOS_HEAD + "  prune_params_name: [0.weight, 12]\n  pruned_ratio: [0.5, 0.5]\n",
@@ -937,7 +940,10 @@ BAD_RATIOS: dict[str, tuple[str | bytes, str]] = {
         "!!python/object/apply:os.system [echo]\n",
         r" line 1, column 1: invalid YAML \(could not determine a constructor for the tag .*\); remove the tag",
     ),
-    "nesting too deep": ("x: " + "[" * 3000 + "]" * 3000 + "\n" + VALID_RATIOS, r" nests its YAML too deeply to read"),
+    "nesting too deep": (
+        "x: " + "[" * 3000 + "]" * 3000 + "\n" + VALID_RATIOS,
+        r" holds a value Python cannot hold \(it nests too deeply\)",
+    ),
     "not UTF-8": (
         VALID_RATIOS.replace("0.weight", "0.w\xe9ight").encode("latin-1"),
         r" line 3: byte 60 \(0xe9\) is not UTF-8; save the file as UTF-8\.",

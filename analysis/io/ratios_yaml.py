@@ -12,7 +12,7 @@ from typing import Any, Concatenate, ParamSpec
 
 import yaml
 
-from analysis.config import RATIO_DECIMALS, UniqueKeyLoader, printable
+from analysis.config import RATIO_DECIMALS, UNHOLDABLE, UniqueKeyLoader, printable, unholdable
 from analysis.errors import AnalysisFileError, did_you_mean, first_line
 from analysis.io.atomic import atomic_write_text
 from analysis.planning.ratios import explain_target_loss
@@ -224,14 +224,10 @@ def _read_yaml(source: Path) -> tuple[Any, Any]:
         raise AnalysisFileError(f"Ratios file {source}{_yaml_problem(error)}.") from None
     except yaml.YAMLError as error:
         raise AnalysisFileError(f"Ratios file {source} is not valid YAML ({printable(first_line(error))}).") from None
-    except (ValueError, OverflowError) as error:  # a value PyYAML parses but Python refuses: 2001-02-30, 5000 digits
+    except UNHOLDABLE as error:  # YAML that PyYAML parses but Python cannot hold: 2001-02-30, 5000 digits, deep nesting
         raise AnalysisFileError(
-            f"Ratios file {source} holds a value that cannot be read ({printable(first_line(error))}); a ratios file "
-            "holds param names and ratios."
-        ) from None
-    except RecursionError:
-        raise AnalysisFileError(
-            f"Ratios file {source} nests its YAML too deeply to read; a ratios file is a {_BLOCK} block of two lists."
+            f"Ratios file {source} holds a value Python cannot hold ({printable(unholdable(error))}); a ratios file "
+            f"is a {_BLOCK} block of param names and ratios."
         ) from None
     finally:
         if loader is not None:
