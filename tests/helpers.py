@@ -20,6 +20,7 @@ from torch import nn
 
 from analysis import analysis_prune
 from analysis.cli.main import main
+from analysis.io._fingerprint import json_fingerprint
 from analysis.io.results import load_sensitivities, load_sidecar
 
 REPO = Path(__file__).resolve().parent.parent
@@ -92,6 +93,32 @@ def analysis_config(tmp_path: Path, data: Path, arch: str, analysis: dict | None
     block = tiny_global(data, arch=f"{ENGINE_MODELS}:{arch}", **extra)
     section = {"analysis_file": str(tmp_path / "out" / "s.pkl"), "pruned_ratios": [0.5], **(analysis or {})}
     return write_config(tmp_path / "a.yaml", {"Global": block, "SensitivityAnalysis": section})
+
+
+# ---- the measured plan's search log ---------------------------------------------------------------------------
+
+SEARCH_DESCRIPTION: dict[str, Any] = {
+    "model": "m",
+    "data": "d",
+    "calibration": None,
+    "ranking": {},
+    "physical": False,
+    "measure": "macs",
+}
+
+
+SEARCH_KEY = json_fingerprint(SEARCH_DESCRIPTION)  # the search key of SearchLog(..., DESCRIPTION)
+
+
+SEARCH_FIELDS = ("key", "setting", "picks", "metrics", "macs", "params", "seconds")
+
+
+def search_record(key: str = SEARCH_KEY, **fields: Any) -> dict[str, Any]:
+    """A valid search-log record of ``key``, with ``fields`` changed."""
+    valid = {"key": key, "setting": "search", "picks": [["0.weight", "0.weight", 2]],
+             "metrics": {"top1": 0.5, "top5": 1.0, "ce": 1.25, "images": 20}, "macs": 1000, "params": 100,
+             "seconds": 0.5}  # fmt: skip
+    return {**valid, **fields}
 
 
 # ---- the CLI, in-process ---------------------------------------------------------------------------------------------

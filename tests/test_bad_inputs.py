@@ -7,12 +7,14 @@ import codecs
 import csv
 import errno
 import json
+import math
 import os
 import pickle
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,8 +22,9 @@ import torch
 import yaml
 from PIL import Image
 
+from analysis import analysis_prune
 from analysis.config import GlobalConfig, load_config, normalise_ratios
-from analysis.errors import ConfigError, DataError, UserError
+from analysis.errors import AnalysisFileError, ConfigError, DataError, UserError
 from analysis.inputs import data as data_module
 from analysis.inputs.data import (
     Preprocess,
@@ -32,15 +35,26 @@ from analysis.inputs.data import (
     scan_image_folder,
 )
 from analysis.io._lock import exclusive
+from analysis.io._search_log import SearchLog, search_log_path
 from analysis.io.ratios_yaml import load_ratios_yaml
 from analysis.io.results import load_sensitivities, load_sidecar
+from analysis.planning.measured import Scoring, SearchSettings, build_measured_plan
+from analysis.planning.plan import Plan
 from analysis.planning.ratios import get_ratios_by_loss
 
+import tiny_models
 from helpers import (
     RATIOS_HEAD,
+    SEARCH_DESCRIPTION,
+    SEARCH_KEY,
     VALID_RATIOS,
     CliResult,
     assert_user_error,
+    batches,
+    calibration_batches,
+    pseudo_labelled,
+    randomize,
+    search_record,
     tiny_global,
     write_config,
     write_images,
@@ -1104,6 +1118,161 @@ def test_a_ram_cache_that_cannot_fit_exits_2_and_auto_streams_instead(
     streamed = cli("--config_path", config, "--no_report", "Global.batch_size=1", "Global.cache_max_gb=100")
     assert streamed.code == 0, streamed.err
     assert "more than the 0.00 GB of memory available" in streamed.err
+
+
+# ---- the measured plan: its search log and a budget it cannot use (issue 26) ----------------------------------
+
+
+def write_log(analysis_file: Path, *lines: str) -> Path:
+    """A search log of ``lines`` (each ended by a newline)."""
+    path = search_log_path(analysis_file)
+    path.write_text("".join(f"{text}\n" for text in lines), encoding="utf-8")
+    return path
+
+
+def log_line(**fields: Any) -> str:
+    """A log line: the valid record with ``fields`` changed."""
+    return json.dumps(search_record(**fields))
+
+
+# What each damaged line holds, and what the error says about it (inside "line 2 is damaged (...)").
+DAMAGED_RECORDS = {
+    "a metric is text": (log_line(metrics={"top1": "x", "ce": 1.0}), r'metrics\["top1"\] is "x", not a number'),
+    "a metric is true": (log_line(metrics={"top1": 1.0, "ce": True}), r'metrics\["ce"\] is true, not a number'),
+    "metrics is a list": (log_line(metrics=[0.5]), r"metrics is \[0\.5\], not an object"),
+    "metrics lacks ce": (log_line(metrics={"top1": 0.5}), r"metrics has no ce"),
+    "macs is text": (log_line(macs="big"), r'macs is "big", not a whole number >= 0'),
+    "params is a float": (log_line(params=1.5), r"params is 1\.5, not a whole number >= 0"),
+    "seconds is a NaN token": (log_line(seconds=math.nan), r"NaN is not a JSON number"),
+    "a metric is an Infinity token": (
+        log_line(metrics={"top1": 0.5, "ce": -math.inf}),
+        r"-Infinity is not a JSON number",
+    ),
+    "a metric overflows": (log_line().replace("1.25", "1e999"), r'metrics\["ce"\] is Infinity, not a finite number'),
+    "a huge integer metric": (
+        log_line(metrics={"top1": 10**400, "ce": 1}),
+        r'metrics\["top1"\] is 1000.*, not a finite',
+    ),
+    "picks is an object": (log_line(picks={"a": 1}), r'picks is \{"a": 1\}, not a list of \[group, param, count\]'),
+    "a pick has two fields": (log_line(picks=[["a", 2]]), r'picks\[0\] is \["a", 2\], not \[group, param, count\]'),
+    "a pick's param is a number": (log_line(picks=[["a", 3, 2]]), r'picks\[0\] is \["a", 3, 2\], not \[group'),
+    "a pick's count is text": (log_line(picks=[["a", "a", "2"]]), r'picks\[0\] removes "2" channels, not a whole'),
+    "a group is picked twice": (log_line(picks=[["a", "a", 1], ["a", "b", 2]]), r'picks names group "a" twice'),
+    "setting is a number": (log_line(setting=1), r"setting is 1, not a string"),
+    "key is null": (log_line(key=None), r"key is null, not a string"),
+    "a field is missing": (log_line().replace('"macs"', '"MACs"'), r"no macs: not an evaluation record"),
+    "a list, not a record": ("[1, 2]", r"a JSON array, not an evaluation record"),
+    "a blank line": ("", r"Expecting value"),
+    "nested too deeply": ("[" * 100_000, r"JSON nested too deeply"),
+    "an integer too long": ("1" * 5000, r"an integer with more than \d+ digits"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGED_RECORDS))
+@pytest.mark.parametrize("key", [SEARCH_KEY, "another search"])
+def test_a_damaged_record_is_refused_naming_the_line(tmp_path: Path, damage: str, key: str) -> None:
+    log_line, pattern = DAMAGED_RECORDS[damage]
+    if key != SEARCH_KEY and log_line.startswith("{"):  # a record of another search is checked just the same
+        log_line = log_line.replace(json.dumps(SEARCH_KEY), json.dumps(key))
+    path = write_log(tmp_path / "s.pkl", json.dumps(search_record()), log_line)
+    with path.open("ab") as log:
+        log.write(b'{"key": "cut off by a ki')  # the partial last line of a kill stays until the log is sound
+    before = path.read_bytes()
+    with pytest.raises(AnalysisFileError) as refused:
+        SearchLog(tmp_path / "s.pkl", SEARCH_DESCRIPTION)
+    message = str(refused.value)
+    assert re.fullmatch(rf"Search log .*s\.pkl\.search\.jsonl line 2 is damaged \({pattern}.*\); delete the file to "
+                        r"search afresh\.", message), message  # fmt: skip
+    assert message.isprintable()
+    assert path.read_bytes() == before
+
+
+def test_records_of_other_searches_are_kept_but_not_used(tmp_path: Path) -> None:
+    other = search_record(key="another search", metrics={"top1": 0.1, "ce": 9.0})
+    path = write_log(tmp_path / "s.pkl", json.dumps(other), json.dumps(search_record()))
+    log = SearchLog(tmp_path / "s.pkl", SEARCH_DESCRIPTION)
+    picks = {"0.weight": ("0.weight", 2)}
+    score = log.get("search", picks)
+    assert (
+        score is not None and score.metrics == search_record()["metrics"] and (score.macs, score.params) == (1000, 100)
+    )
+    assert [entry.key for entry in log.entries] == [SEARCH_KEY]
+    assert log.get("full", picks) is None and log.from_earlier_run("search", picks)
+    assert path.read_text().splitlines()[0] == json.dumps(other)  # the other search's record stays
+
+
+@pytest.fixture
+def plan_config(tmp_path: Path, list_data: Path) -> Path:
+    """The tiny CNN with calibration images, analysed into ``tmp_path/out/s.pkl`` at three ratios."""
+    write_train_list(list_data, 24)
+    return write_config(tmp_path / "c.yaml", {"Global": tiny_global(list_data), "SensitivityAnalysis": {
+        "analysis_file": str(tmp_path / "out" / "s.pkl"), "pruned_ratios": [0.25, 0.5, 0.75]}})  # fmt: skip
+
+
+def measured_plan(cli: Cli, config: Path, budget: int) -> CliResult:
+    """``run.py plan`` of ``config`` by the measured method, 20% fewer MACs."""
+    return cli("plan", "--config_path", config, "--target_macs_reduction", "0.2", "--method", "measured",
+               "--eval_budget", str(budget), "--no_report")  # fmt: skip
+
+
+# Damage done to the second line of a real search log, and what the error says about it.
+LOG_DAMAGES: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
+    "a metric is text": (lambda r: r["metrics"].update(top1="x"), r'metrics\["top1"\] is "x", not a number'),
+    "seconds is NaN": (lambda r: r.update(seconds=math.nan), r"NaN is not a JSON number"),
+    "picks is text": (lambda r: r.update(picks="0.weight"), r'picks is "0\.weight", not a list'),
+}
+
+
+@pytest.mark.parametrize("damage", list(LOG_DAMAGES))
+def test_a_damaged_search_log_exits_2_naming_the_line_and_changes_nothing(
+    cli: Cli, tmp_path: Path, plan_config: Path, damage: str
+) -> None:
+    change, pattern = LOG_DAMAGES[damage]
+    assert measured_plan(cli, plan_config, 3).code == 0
+    log = search_log_path(tmp_path / "out" / "s.pkl")
+    lines = log.read_text().splitlines()
+    damaged = json.loads(lines[1])
+    change(damaged)
+    lines[1] = json.dumps(damaged)
+    log.write_text("\n".join(lines) + "\n")
+    before = tree(tmp_path / "out")
+    pattern = rf"Search log .*s\.pkl\.search\.jsonl line 2 is damaged \({pattern}.*\); delete the file"
+    assert_user_error(measured_plan(cli, plan_config, 3), pattern)
+    assert tree(tmp_path / "out") == before
+
+
+def test_a_huge_eval_budget_ends_when_no_untried_plan_is_left(cli: Cli, tmp_path: Path, plan_config: Path) -> None:
+    result = measured_plan(cli, plan_config, 100_000)
+    assert result.code == 0, result.err
+    sidecar = load_sidecar(tmp_path / "out" / "s.pkl")
+    assert sidecar is not None
+    search = sidecar["plan"]["search"]
+    assert search["budget"] == 100_000 and search["exhausted"] is True
+    assert 1 <= search["evaluations"] <= 50  # far below the budget: two groups leave few plans to measure
+    logged = [json.loads(text) for text in search_log_path(tmp_path / "out" / "s.pkl").read_text().splitlines()]
+    assert sum(r["setting"] == "search" for r in logged) == search["evaluations"]  # each a distinct plan
+    assert len({json.dumps(r["picks"]) for r in logged if r["setting"] == "search"}) == search["evaluations"]
+
+
+def test_a_budget_beyond_exhaustion_changes_nothing(tmp_path: Path) -> None:
+    model = randomize(tiny_models.tiny_resnet())
+    data = pseudo_labelled(model, batches(count=3))
+    calibration = calibration_batches(count=2)
+    scoring = Scoring(data, "data", calibration, calibration[:1], "calibration")
+    plans: dict[int | None, Plan] = {}
+    for budget in (100_000, None):  # None: exactly the evaluations the unlimited search used
+        path = tmp_path / str(budget) / "s.pkl"
+        path.parent.mkdir()
+        analysis_prune(model, data, path, pruned_ratios=(0.25, 0.5, 0.75), progress=False)
+        used = budget or (plans[100_000].search or {})["evaluations"]
+        search = SearchSettings(evaluations=used, calibration_images=8)
+        plans[budget] = build_measured_plan(model, data[0][0], path, 0.4, scoring, settings=search, progress=False)
+    unlimited, exact = plans[100_000], plans[None]
+    assert unlimited.search is not None and exact.search is not None
+    assert unlimited.search["exhausted"] and unlimited.search["evaluations"] < 100
+    assert exact.search["evaluations"] == unlimited.search["evaluations"]
+    assert (exact.removals(), exact.predicted_loss) == (unlimited.removals(), unlimited.predicted_loss)
+    assert exact.search["finalists"] == unlimited.search["finalists"]
 
 
 # ---- no command writes anything on an error exit --------------------------------------------------------------------

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
 import math
 import os
 import re
@@ -37,11 +38,23 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from analysis.config import Config, GlobalConfig, SensitivityConfig, config_from_data, load_config, printable
-from analysis.errors import ConfigError, DataError, UserError
+from analysis.errors import AnalysisFileError, ConfigError, DataError, UserError
 from analysis.inputs.data import read_sample_list
+from analysis.io._search_log import SearchLog, search_log_path
 from analysis.io.ratios_yaml import channel_prune_yaml, load_ratios_yaml
 
-from helpers import RATIOS_HEAD, VALID_RATIOS, run_cli, tiny_global, write_config, write_images
+from helpers import (
+    RATIOS_HEAD,
+    SEARCH_DESCRIPTION,
+    SEARCH_FIELDS,
+    SEARCH_KEY,
+    VALID_RATIOS,
+    run_cli,
+    search_record,
+    tiny_global,
+    write_config,
+    write_images,
+)
 
 
 def property_settings(max_examples: int) -> settings:
@@ -567,3 +580,131 @@ def test_written_ratios_read_back_rounded_without_the_unpruned(
     read = load_ratios_yaml(path)
     assert read == kept
     assert list(read) == list(kept)
+
+
+# ---- the measured plan's search log -------------------------------------------------------------------------
+
+log_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=-(2**200), max_value=2**200)
+    | st.floats()  # nan and +-inf included: json.dumps writes them as NaN and Infinity tokens
+    | st.text(max_size=6)
+)
+
+
+log_junk = st.recursive(
+    log_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)  # fmt: skip
+
+
+log_groups = st.sampled_from(["0.weight", "3.weight", "layer1.conv1.weight"])
+
+
+valid_picks = st.lists(
+    st.tuples(log_groups, log_groups, st.integers(1, 64)).map(list), max_size=3, unique_by=lambda p: p[0]
+)
+
+
+valid_metrics = st.fixed_dictionaries(
+    {"top1": st.floats(0, 1), "ce": st.floats(0, 20)},
+    optional={"top5": st.floats(0, 1), "images": st.integers(0, 10**6)},
+)
+
+
+@st.composite
+def log_records(draw: st.DrawFn) -> str:
+    """A JSON line around a valid record: usually intact, else with fields removed, replaced, or added to."""
+    data: dict[str, Any] = {
+        "key": draw(st.sampled_from([SEARCH_KEY, SEARCH_KEY, "another search"])),
+        "setting": draw(st.sampled_from(["search", "full"])),
+        "picks": draw(valid_picks),
+        "metrics": draw(valid_metrics),
+        "macs": draw(st.integers(0, 10**12)),
+        "params": draw(st.integers(0, 10**9)),
+        "seconds": draw(st.floats(0, 1e4)),
+    }
+    for _ in range(draw(st.sampled_from([0, 0, 0, 1, 2]))):
+        kind = draw(st.sampled_from(["remove", "replace", "metric", "pick", "add"]))
+        if kind == "remove":
+            data.pop(draw(st.sampled_from(SEARCH_FIELDS)), None)
+        elif kind == "replace":
+            data[draw(st.sampled_from(SEARCH_FIELDS))] = draw(log_junk)
+        elif kind == "metric" and isinstance(data.get("metrics"), dict):
+            data["metrics"][draw(st.sampled_from(["top1", "ce", "top5", "x"]))] = draw(log_junk)
+        elif kind == "pick" and isinstance(data.get("picks"), list) and data["picks"]:
+            pick = data["picks"][0]
+            if isinstance(pick, list):
+                pick[draw(st.integers(0, len(pick) - 1))] = draw(log_junk)
+        else:
+            data[draw(st.text(max_size=5))] = draw(log_junk)
+    return json.dumps(data)
+
+
+odd_lines = st.sampled_from(["", " ", "{}", "[]", "null", "NaN", "-Infinity", "[" * 3000, "1" * 5000, "\x00", "\ufeff"])
+
+
+log_lines = st.lists(log_records(), min_size=1, max_size=4) | st.lists(
+    log_records() | odd_lines | st.text(max_size=12), max_size=5
+)
+
+
+def check_log(workdir: Path, raw: bytes) -> None:
+    """The log ``raw`` loads with every record well-typed (and its last partial line cut), or is refused by an
+    AnalysisFileError naming the file and its first damaged line, the file left as it was."""
+    analysis_file = workdir / "s.pkl"
+    path = search_log_path(analysis_file)
+    path.write_bytes(raw)
+    complete = raw[: raw.rfind(b"\n") + 1]
+    lines = complete.split(b"\n")[:-1]
+    try:
+        log = SearchLog(analysis_file, SEARCH_DESCRIPTION)
+    except AnalysisFileError as error:
+        message = str(error)
+        assert message.isprintable() and message.endswith(".") and str(path) in message, message
+        found = re.search(r" line (\d+) is damaged \(", message)
+        assert found is not None, message
+        number = int(found.group(1))
+        assert 1 <= number <= len(lines) and path.read_bytes() == raw
+        path.write_bytes(lines[number - 1] + b"\n")  # that line alone is refused too ...
+        with pytest.raises(AnalysisFileError, match=" line 1 is damaged"):
+            SearchLog(analysis_file, SEARCH_DESCRIPTION)
+        path.write_bytes(b"".join(line + b"\n" for line in lines[: number - 1]))  # ... and the lines before it load
+        SearchLog(analysis_file, SEARCH_DESCRIPTION)
+        event("refused")
+        return
+    event(f"loaded with {'no' if not log.entries else 'some'} record(s) of this search")
+    assert path.read_bytes() == complete
+    assert len(log.entries) <= len(lines)
+    for entry in log.entries:
+        assert entry.key == SEARCH_KEY and isinstance(entry.setting, str)
+        assert all(isinstance(group, str) and isinstance(param, str) and type(count) is int and count >= 1
+                   for group, param, count in entry.picks)  # fmt: skip
+        picks = {group: (param, count) for group, param, count in entry.picks}
+        score = log.get(entry.setting, picks)
+        assert score is not None and {"top1", "ce"} <= score.metrics.keys()
+        assert all(type(value) in (int, float) and math.isfinite(value) for value in score.metrics.values())
+        assert type(score.macs) is int and type(score.params) is int and score.macs >= 0 and score.params >= 0
+        assert type(score.seconds) in (int, float) and math.isfinite(score.seconds)
+
+
+@property_settings(300)
+@given(lines=log_lines, ending=st.sampled_from([b"\n", b"", b'{"key": "cut']))
+@example(lines=[json.dumps(search_record(metrics={"top1": "x", "ce": 1.0}))], ending=b"\n")  # TypeError in the search
+@example(lines=[json.dumps(search_record(seconds=math.nan))], ending=b"\n")  # a NaN token Python's json accepted
+@example(lines=[json.dumps(search_record(picks=[["a", "b", 1], [1, 2, 3]]))], ending=b"\n")  # sorted() raised TypeError
+@example(lines=[json.dumps(search_record(picks="ab"))], ending=b"\n")  # a string passed as picks
+@example(lines=["[" * 3000], ending=b"\n")  # RecursionError
+@example(lines=[json.dumps(search_record(key="another search", macs="big"))], ending=b"\n")  # another search's record
+def test_any_search_log_lines_load_well_typed_or_name_the_line(workdir: Path, lines: list[str], ending: bytes) -> None:
+    check_log(workdir, "\n".join(lines).encode("utf-8") + ending)
+
+
+@property_settings(200)
+@given(raw=st.binary())
+@example(raw=b"\xff\n")  # not UTF-8
+@example(raw=b"NaN\n")
+def test_any_search_log_bytes_load_or_name_the_line(workdir: Path, raw: bytes) -> None:
+    check_log(workdir, raw)

@@ -226,11 +226,13 @@ def format_plan(result: PlanResult) -> str:
     dense, pruned = plan.dense, plan.pruned
     if plan.method == "measured" and plan.search is not None:
         search = plan.search
+        budget_of = f" of {search['budget']}" if search.get("budget") is not None else ""  # older sidecars lack it
+        ended = "; the search ended early: no untried plan was left" if search.get("exhausted") else ""
         lines.append(
             f"predicted loss (measured by the search, all groups pruned at once): {plan.predicted_loss:+.4f}; "
-            f"{search['evaluations']} evaluations ({search['from_earlier_runs']} taken from earlier runs' log, "
-            f"{search['repeated_plans']} plans met twice), "
-            f"{search['accepted_trades']} trades kept"
+            f"{search['evaluations']}{budget_of} evaluations ({search['from_earlier_runs']} taken from earlier runs' "
+            f"log, {search['repeated_plans']} trades passed over as repeats of measured plans), "
+            f"{search['accepted_trades']} trades kept{ended}"
         )
         finalists = ", ".join(f"{f['name']} {f['top1']:.4f}" for f in search["finalists"])
         lines.append(f"finalists (top1, every calibration image): {finalists}; chosen: {search['chosen']}")

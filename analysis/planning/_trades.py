@@ -9,6 +9,8 @@ removing more from it is worth) and ``v`` (what giving channels back to it is wo
 (``DECAY`` per acceptance), since the plan they were measured on has changed. The other picks are uniform, so every
 pair keeps a chance. After ``patience`` failures per group, or once every trade failed at this size, the step
 halves, down to ``min_step``, then starts over; a whole round of sizes without a single valid trade ends the search.
+The caller decides what is valid: the measured search passes over a trade that would only repeat a plan it measured
+already (it reports nothing back), so a round that finds no untried plan ends it.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class TradePicker:
         self.observations: list[_Observation] = []
         self.measured_this_round = False  # a round: every size from ``step`` down to ``min_step``
         self.exhausted = len(self.keys) < 2
+        self._fit: tuple[int, np.ndarray, np.ndarray] | None = None  # (observations, u, v) of the last regression
 
     def next(self) -> Trade | None:
         """The next trade to try at :attr:`step`; None once no valid trade is left (the search ends)."""
@@ -97,21 +100,8 @@ class TradePicker:
 
     def _guided(self) -> Trade | None:
         """The untried trade with the largest predicted gain (None when every trade was tried)."""
-        groups = len(self.keys)
         index = {key: n for n, key in enumerate(self.keys)}
-        features = np.zeros((len(self.observations), 2 * groups))
-        gains = np.zeros(len(self.observations))
-        weights = np.zeros(len(self.observations))
-        for row, observation in enumerate(self.observations):
-            first, second, more = observation.trade
-            gainer, giver = (first, second) if more else (second, first)
-            features[row, index[gainer]] = 1.0  # u: the group that removes more
-            features[row, groups + index[giver]] = 1.0  # v: the group that removes fewer
-            gains[row] = observation.gain
-            weights[row] = DECAY ** (self.accepted - observation.accepted_before)
-        weighted = features * weights[:, None]
-        coefficients = np.linalg.solve(features.T @ weighted + RIDGE * np.eye(2 * groups), weighted.T @ gains)
-        more_worth, fewer_worth = coefficients[:groups], coefficients[groups:]
+        more_worth, fewer_worth = self._worth(index)
         best: tuple[float, Trade] | None = None
         for first in self.keys:
             for second in self.keys:
@@ -125,3 +115,24 @@ class TradePicker:
                     if best is None or predicted > best[0]:
                         best = (predicted, (first, second, more))
         return None if best is None else best[1]
+
+    def _worth(self, index: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+        """``u`` and ``v`` of every group, fitted to the observations (fitted again only when there are new ones:
+        trades passed over leave them as they are)."""
+        if self._fit is not None and self._fit[0] == len(self.observations):
+            return self._fit[1], self._fit[2]
+        groups = len(self.keys)
+        features = np.zeros((len(self.observations), 2 * groups))
+        gains = np.zeros(len(self.observations))
+        weights = np.zeros(len(self.observations))
+        for row, observation in enumerate(self.observations):
+            first, second, more = observation.trade
+            gainer, giver = (first, second) if more else (second, first)
+            features[row, index[gainer]] = 1.0  # u: the group that removes more
+            features[row, groups + index[giver]] = 1.0  # v: the group that removes fewer
+            gains[row] = observation.gain
+            weights[row] = DECAY ** (self.accepted - observation.accepted_before)
+        weighted = features * weights[:, None]
+        coefficients = np.linalg.solve(features.T @ weighted + RIDGE * np.eye(2 * groups), weighted.T @ gains)
+        self._fit = (len(self.observations), coefficients[:groups], coefficients[groups:])
+        return self._fit[1], self._fit[2]

@@ -12,7 +12,10 @@ joint evaluations (every group pruned at once, BatchNorm statistics re-estimated
    fewer), the other gives back (or takes) as many as the exact budget allows, so every candidate still meets it.
    A candidate that measures better (cross-entropy on the scoring images, with the BatchNorm statistics
    re-estimated on a subset of the calibration images) replaces the plan. Which trade and how large:
-   :mod:`analysis.planning._trades` (mostly the trade a model of the gains measured so far predicts best).
+   :mod:`analysis.planning._trades` (mostly the trade a model of the gains measured so far predicts best). A trade
+   that leads to a plan the search measured already costs no evaluation and is passed over like an impossible one,
+   so the search ends when its budget is spent or when a whole round of trade sizes finds no untried plan (then no
+   larger budget could change its result), whichever comes first.
 3. **Finalists.** The search's plan, the next best distinct plans, the best start and the knapsack plan are
    measured again with every calibration image; the best top1 (cross-entropy breaks ties) wins. The knapsack plan
    is always a finalist, so the result never measures below it.
@@ -43,7 +46,7 @@ from analysis.inputs.data import EvalLoader
 from analysis.io import sidecar as schema
 from analysis.io._fingerprint import json_fingerprint
 from analysis.io._lock import exclusive
-from analysis.io._search_log import Picks, SearchLog
+from analysis.io._search_log import Encoded, Picks, SearchLog
 from analysis.io.results import load_sensitivities
 from analysis.io.sidecar import Sidecar
 from analysis.planning._joint import JointEvaluator, JointScore
@@ -76,8 +79,8 @@ class SearchSettings:
     """How much the measured method measures.
 
     Attributes:
-        evaluations: Joint evaluations in the search setting (starts and trades); None: ``EVALUATIONS_PER_GROUP``
-            per analysed group.
+        evaluations: Joint evaluations of distinct plans in the search setting (starts and trades), at most; None:
+            ``EVALUATIONS_PER_GROUP`` per analysed group.
         seed: Seed of the trade sequence.
         calibration_images: Calibration images per search evaluation (a seeded class-balanced subset of the
             calibration set); finalists use every calibration image.
@@ -173,7 +176,9 @@ class MeasuredSearch:
         self.evaluations = settings.evaluations or EVALUATIONS_PER_GROUP * len(self.keys)
         self.evaluated = 0  # evaluations in the search setting, including those found in the log
         self.reused = 0  # measurements taken from earlier runs' log
-        self.repeated = 0  # plans this run had measured already
+        self.repeated = 0  # trades that led to a plan this search had measured already (skipped, no evaluation)
+        self.exhausted = False  # the search ended because no untried plan was left
+        self.measured_plans: set[Encoded] = set()  # every plan this search measured in the search setting
 
     # ---------------------------------------------------------------------------------------------- evaluation
 
@@ -185,10 +190,9 @@ class MeasuredSearch:
             self.log.add(setting, picks, score)
         elif self.log.from_earlier_run(setting, picks):
             self.reused += 1
-        else:
-            self.repeated += 1
         if setting == "search":
             self.evaluated += 1
+            self.measured_plans.add(SearchLog.plan(picks))
         return Scored(name, dict(picks), score)
 
     def saved(self, picks: Picks) -> float:
@@ -198,7 +202,8 @@ class MeasuredSearch:
     # ------------------------------------------------------------------------------------------------- search
 
     def run(self) -> SearchResult:
-        """Measure the starts, trade channels until the budget is spent, and pick among the finalists."""
+        """Measure the starts, trade channels until the budget is spent or no untried plan is left, and pick among
+        the finalists."""
         disable = progress_disabled(self.progress)
         with tqdm(total=self.evaluations, desc="measured plan", unit="eval", disable=disable) as bar:
             starts = self._measure_starts(bar)
@@ -210,10 +215,17 @@ class MeasuredSearch:
             while self.evaluated < self.evaluations:
                 trade = picker.next()
                 if trade is None:
-                    logger.info("The measured search ends early: no trade between groups is left to try.")
+                    self.exhausted = True
+                    logger.info("The measured search ends after %d of %d evaluations: no untried plan is left.",
+                                self.evaluated, self.evaluations)  # fmt: skip
+                    bar.total = self.evaluated
+                    bar.refresh()
                     break
                 picks = self._trade(current.picks, *trade, picker.step)
                 if picks is None:
+                    continue
+                if SearchLog.plan(picks) in self.measured_plans:  # nothing new to learn: passed over, not counted
+                    self.repeated += 1
                     continue
                 candidate = self.measure(f"trade {self.evaluated}", picks)
                 bar.update(1)
@@ -227,8 +239,8 @@ class MeasuredSearch:
                     bar.set_postfix(ce=f"{-current.search_key[0]:.4f}", refresh=False)
         finalists = self._finalists(current, starts, archive)
         best = max(finalists, key=lambda s: s.final_key)
-        knapsack_plan = SearchLog.encode(self.starts["knapsack"])
-        knapsack = next(s for s in finalists if SearchLog.encode(s.picks) == knapsack_plan)
+        knapsack_plan = SearchLog.plan(self.starts["knapsack"])
+        knapsack = next(s for s in finalists if SearchLog.plan(s.picks) == knapsack_plan)
         result = SearchResult(best, knapsack, finalists, self.evaluated, self.reused, picker.accepted)
         result.summary = self._summary(result)
         return result
@@ -236,9 +248,9 @@ class MeasuredSearch:
     def _measure_starts(self, bar: tqdm) -> list[Scored]:
         """Measure every distinct start (the knapsack plan always, the others while the budget lasts)."""
         scored: list[Scored] = []
-        seen: set[tuple[tuple[Any, ...], ...]] = set()
+        seen: set[Encoded] = set()
         for name, picks in self.starts.items():
-            encoded = tuple(map(tuple, SearchLog.encode(picks)))
+            encoded = SearchLog.plan(picks)
             if encoded in seen or (self.evaluated >= self.evaluations and name != "knapsack"):
                 continue
             seen.add(encoded)
@@ -310,13 +322,13 @@ class MeasuredSearch:
         knapsack = next(s for s in starts if s.name == "knapsack")
         best_start = max(starts, key=lambda s: s.search_key)
         chosen: list[Scored] = []
-        seen: set[tuple[tuple[Any, ...], ...]] = set()
+        seen: set[Encoded] = set()
 
         def add(candidates: Sequence[Scored], count: int) -> None:
             for candidate in candidates:
                 if count == 0:
                     return
-                encoded = tuple(map(tuple, SearchLog.encode(candidate.picks)))
+                encoded = SearchLog.plan(candidate.picks)
                 if encoded not in seen:
                     seen.add(encoded)
                     chosen.append(candidate)
@@ -335,6 +347,8 @@ class MeasuredSearch:
 
         return {
             "evaluations": result.evaluations,
+            "budget": self.evaluations,
+            "exhausted": self.exhausted,
             "from_earlier_runs": result.reused,
             "repeated_plans": self.repeated,
             "accepted_trades": result.accepted,
