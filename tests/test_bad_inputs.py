@@ -794,6 +794,14 @@ def test_verify_beyond_the_analysed_ratios_measures_and_calls_the_prediction_unk
     assert set(record["verification"]["measured_loss"]) >= {"top1", "top5"}  # measured all the same
 
 
+def test_verify_reads_the_ratios_file_before_the_model_and_the_data(cli: Cli, tmp_path: Path, list_data: Path) -> None:
+    """The data folder is gone too: the ratios file must be what the run reports, since it is read first."""
+    config, analysis_file, ratios = analysed_with_ratios(cli, tmp_path, list_data)
+    ratios.write_text(VALID_RATIOS + VALID_RATIOS)
+    result = cli("verify", analysis_file, "--ratios", ratios, "--config_path", config, "Global.data_dir=gone")
+    assert_user_error(result, r"Ratios file .*r\.yaml line 5: 'ChannelPrune' is written twice at the top level")
+
+
 def test_verify_refuses_two_names_of_one_param(cli: Cli, tmp_path: Path, list_data: Path) -> None:
     """``0`` (the module) and ``0.weight`` are one param: the second ratio used to be dropped without a word."""
     config, analysis_file, ratios = analysed_with_ratios(cli, tmp_path, list_data)
