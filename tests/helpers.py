@@ -18,8 +18,11 @@ import yaml
 from PIL import Image
 from torch import nn
 
+import analysis.compat.paddleslim
 from analysis import analysis_prune
 from analysis.cli.main import main
+from analysis.engine.reference import EngineReport, Executor
+from analysis.engine.run import AnalysisOutcome
 from analysis.io._fingerprint import json_fingerprint
 from analysis.io.results import load_sensitivities, load_sidecar
 
@@ -207,14 +210,50 @@ def calibration_batches(count: int = 2, size: int = 8, resolution: int = 16) -> 
 # ---- the two engines ---------------------------------------------------------------------------------------------
 
 
-def analyse_both(model: nn.Module, data: Any, tmp_path: Path, **kwargs: Any) -> tuple[dict, dict]:
-    """Run both engines on the same model and data; return their sidecars (which hold every variant's metrics)."""
+def analyse_both(
+    model: nn.Module, data: Any, tmp_path: Path, *, fast_path: bool = True, **kwargs: Any
+) -> tuple[dict, dict]:
+    """Run both engines on the same model and data; return their sidecars (which hold every variant's metrics).
+
+    Besides the byte-identical files it asserts, from each run's record of what evaluated every variant, that two
+    different paths were compared: the reference run evaluated nothing on the fast path and, with ``fast_path``, the
+    fast run evaluated there every variant the reference run evaluated by masking (physical and unchanged variants
+    are evaluated alike); without it (a model the fast engine must refuse) the fast run did what the reference did.
+    """
+    executors = {}
     for engine in ("reference", "fast"):
-        analysis_prune(model, data, tmp_path / f"{engine}.pkl", engine=engine, progress=False, **kwargs)
+        report = analyse_recorded(model, data, tmp_path / f"{engine}.pkl", engine=engine, progress=False, **kwargs)
+        executors[engine] = variant_executors(report)
     reference, fast = (load_sensitivities(tmp_path / f"{e}.pkl") for e in ("reference", "fast"))
     assert fast == reference  # exact float equality of every loss
     assert (tmp_path / "fast.pkl").read_bytes() == (tmp_path / "reference.pkl").read_bytes()
+    by_reference = executors["reference"]
+    assert by_reference and Executor.FX_SUFFIX not in by_reference.values()  # it evaluated, on the reference paths
+    suffix = Executor.FX_SUFFIX if fast_path else Executor.EAGER
+    assert executors["fast"] == {key: suffix if e is Executor.EAGER else e for key, e in by_reference.items()}
+    assert (Executor.FX_SUFFIX in executors["fast"].values()) is fast_path  # the comparison is not vacuous
     return load_sidecar(tmp_path / "reference.pkl"), load_sidecar(tmp_path / "fast.pkl")
+
+
+def analyse_recorded(model: nn.Module, data: Any, path: Path, **kwargs: Any) -> EngineReport:
+    """Run :func:`analysis_prune` and return its engine's report (kept from the outcome of the run it makes)."""
+    outcomes: list[AnalysisOutcome] = []
+    run = analysis.compat.paddleslim.run_analysis
+
+    def kept(*args: Any, **options: Any) -> AnalysisOutcome:
+        outcomes.append(run(*args, **options))
+        return outcomes[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(analysis.compat.paddleslim, "run_analysis", kept)
+        analysis_prune(model, data, path, **kwargs)
+    (outcome,) = outcomes
+    return outcome.report
+
+
+def variant_executors(report: EngineReport) -> dict[tuple[str, float], Executor]:
+    """``(param, ratio) -> executor`` of every variant a run recorded."""
+    return {(name, ratio): e for name, by_ratio in report.executors.items() for ratio, e in by_ratio.items()}
 
 
 def variant_metrics(sidecar: dict) -> dict:

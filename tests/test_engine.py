@@ -13,6 +13,7 @@ from torch import nn
 from analysis import analysis_prune
 from analysis.engine.evaluate import evaluate
 from analysis.engine.loss import relative_loss
+from analysis.engine.reference import Executor
 from analysis.errors import ConfigError, UserError
 from analysis.io.results import load_sensitivities, load_sidecar, ratios_path
 from analysis.structure.criteria import l1_norm, select_channels
@@ -20,7 +21,7 @@ from analysis.structure.groups import find_prunable
 from analysis.structure.physical import pruned_copy
 
 import engine_models
-from helpers import batches, pseudo_labelled, randomize
+from helpers import analyse_recorded, batches, pseudo_labelled, randomize
 
 
 @pytest.mark.parametrize(
@@ -79,6 +80,20 @@ def test_layernorm_over_channels_takes_the_physical_path_and_matches_it(tmp_path
     channels = select_channels(l1_norm(model[0].weight), 0.5)
     expected_ce = evaluate(pruned_copy(model, "0", channels, data[0][0]), data).ce
     assert first["variants"]["0.5"]["ce"] == pytest.approx(expected_ce, rel=1e-9)
+
+
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_the_report_records_what_evaluated_each_variant(engine: str, tmp_path: Path) -> None:
+    model = randomize(engine_models.layernorm_cnn())
+    data = pseudo_labelled(model, batches())
+    kwargs = dict(pruned_ratios=(0.01, 0.5), metric="ce", engine=engine, progress=False)
+    report = analyse_recorded(model, data, tmp_path / "s.pkl", **kwargs)
+    masked = Executor.FX_SUFFIX if engine == "fast" else Executor.EAGER
+    assert report.executors == {
+        "0.weight": {0.01: Executor.BASELINE, 0.5: Executor.PHYSICAL},  # 0.01 removes no channel; LayerNorm follows
+        "3.weight": {0.01: Executor.BASELINE, 0.5: masked},
+    }
+    assert analyse_recorded(model, data, tmp_path / "s.pkl", **kwargs).executors == {}  # resumed: nothing evaluated
 
 
 def test_group_reduction_mean_evaluates_a_coupled_group_once(tmp_path: Path) -> None:

@@ -112,6 +112,7 @@ def test_cost_model_equals_counting_the_pruned_copy(factory: Factory) -> None:
     params = [p for p in find_prunable(model, example) if p.prunable and (p.kind == "heads" or is_mlp_hidden(p))]
     graph = build_dependency_graph(model, example)
     costs = CostModel(model, example)
+    assert [p.kind for p in params[:2]] == ["heads", "linear"]  # the loop checks one unit of each kind
     for param in params[:2]:
         channels = list(range(param.channels // 2))
         predicted = costs.variant(graph, param.module_name, channels)
@@ -149,7 +150,7 @@ def test_fast_engine_equals_reference_on_a_vit(tmp_path: Path, caplog: pytest.Lo
     with caplog.at_level(logging.INFO, logger="analysis"):
         reference, fast = analyse_both(model, data, tmp_path, pruned_ratios=(0.3, 0.6), metric="ce",
                                        prune_params=chosen, units=("linear", "heads"))  # fmt: skip
-    assert "cannot trace" not in caplog.text  # the fast engine ran (timm's forward has optional arguments)
+    assert "cannot trace" not in caplog.text  # timm's forward has optional arguments
     assert "blocks.0.attn.heads @ 0.3: removed 1/3 heads" in caplog.text
     assert variant_metrics(fast) == variant_metrics(reference)
     assert set(load_sensitivities(tmp_path / "fast.pkl")) == set(chosen)

@@ -27,7 +27,7 @@ from analysis.engine._partition import GraphRunner, NodeValues, Schedule, Suffix
 from analysis.engine._variants import Prepared
 from analysis.engine.batchnorm import Estimation, batch_images, count_images
 from analysis.engine.loss import LOWER_IS_BETTER, divides_by_baseline, relative_loss, without_timing
-from analysis.engine.reference import EngineReport, RunState, SensitivityEngine
+from analysis.engine.reference import EngineReport, Executor, RunState, SensitivityEngine
 from analysis.engine.settings import Metrics
 from analysis.structure.groups import PrunableParam
 from analysis.structure.masking import Slice, zeroed
@@ -163,7 +163,7 @@ class FastSensitivityEngine(SensitivityEngine):
         variants: list[Variant] = []
         for position, ratio in enumerate(ratios):
             if not prepared.removal[ratio]:  # removes nothing: the baseline's metrics
-                if self.record(prepared, ratio, without_timing(state.baseline), state, 0.0):
+                if self.record(prepared, ratio, without_timing(state.baseline), state, 0.0, executor=Executor.BASELINE):
                     state.bar.update(len(ratios) - position - 1)
                     return None
                 continue
@@ -262,7 +262,15 @@ class FastSensitivityEngine(SensitivityEngine):
             for position, variant in enumerate(job.variants):  # in increasing ratio order
                 metrics = variant.sums.metrics()
                 seconds_each = seconds / variants
-                if self.record(job.prepared, variant.ratio, metrics, state, seconds_each, variant.estimate):
+                if self.record(
+                    job.prepared,
+                    variant.ratio,
+                    metrics,
+                    state,
+                    seconds_each,
+                    variant.estimate,
+                    executor=Executor.FX_SUFFIX,
+                ):
                     state.bar.update(len(job.variants) - position - 1)  # early stop: the larger ratios are dropped
                     break
         logger.debug("Chunk of %d conv(s): %d variants in %.1f s.", len(chunk), variants, seconds)
@@ -350,7 +358,7 @@ class FastSensitivityEngine(SensitivityEngine):
                     assert candidate is not None
                     metrics = variant.sums.metrics()
                     self.record(job.prepared, variant.ratio, metrics, state, seconds_each, variant.estimate,
-                                candidate.settled())  # fmt: skip
+                                candidate.settled(), executor=Executor.FX_SUFFIX)  # fmt: skip
             state.bar.update(len(job.variants) - len(kept))  # skipped: above a ratio decided above the target
 
     def _decision(self, job: Job) -> ParamDecision:

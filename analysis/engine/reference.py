@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 import torch
 import torch_pruning as tp
@@ -52,14 +53,32 @@ UNIT_NOUNS = {"conv": "channels", "linear": "neurons", "heads": "heads"}
 """What a variant of each kind of unit removes, for the log."""
 
 
+class Executor(Enum):
+    """What computed a variant's metrics in a run (kept in :attr:`EngineReport.executors`), so that a caller (and a
+    test comparing the engines) knows which path really evaluated it rather than which engine was asked for."""
+
+    FX_SUFFIX = "fx suffix"
+    """The fast engine: the variant's graph suffix, run from the unpruned prefix shared by every variant."""
+    EAGER = "eager"
+    """The reference path: one full forward pass of the model with the variant's slices zeroed."""
+    PHYSICAL = "physical"
+    """One full forward pass of a physically pruned copy (masking is not exact for the group)."""
+    BASELINE = "baseline"
+    """Nothing evaluated: the variant removes nothing, its metrics are the baseline's."""
+
+
 @dataclass
 class EngineReport:
-    """What a run did: the baseline, evaluated units, and params that were skipped with their reasons."""
+    """What a run did: the baseline, evaluated units, params that were skipped with their reasons and, per recorded
+    variant, what evaluated it."""
 
     baseline: Metrics
     evaluated: int = 0
     skipped: dict[str, str] = field(default_factory=dict)
     modes: dict[str, str] = field(default_factory=dict)
+    executors: dict[str, dict[float, Executor]] = field(default_factory=dict)
+    """``{param name: {ratio: executor}}`` of every variant this run recorded (a resumed one is not listed; one
+    evaluation shared by coupled params is listed under each name it was saved as)."""
 
 
 @dataclass
@@ -152,7 +171,8 @@ class SensitivityEngine:
             start = time.perf_counter()
             removes = bool(prepared.removal[ratio])
             metrics = self.evaluate_variant(prepared, ratio) if removes else without_timing(state.baseline)
-            if self.record(prepared, ratio, metrics, state, time.perf_counter() - start):
+            executor = self.executor(prepared) if removes else Executor.BASELINE
+            if self.record(prepared, ratio, metrics, state, time.perf_counter() - start, executor=executor):
                 state.bar.update(sum(not self.store.has(prepared.param.name, r) for r in ratios if r > ratio))
                 return
 
@@ -294,10 +314,16 @@ class SensitivityEngine:
         """The modules and bare parameters a variant of ``prepared`` changes."""
         return changed_layers(self.model, self.graph, prepared)
 
+    @staticmethod
+    def executor(prepared: Prepared) -> Executor:
+        """How :meth:`evaluate_variant` evaluates a variant of ``prepared``: eagerly with its slices zeroed (mask,
+        element) or on a physically pruned copy."""
+        return Executor.EAGER if prepared.mode in ("mask", "element") else Executor.PHYSICAL
+
     def evaluate_variant(self, prepared: Prepared, ratio: float) -> Metrics:
         """Evaluate one variant: zero its slices in place (mask, element) or evaluate a physically pruned copy."""
         calibration = self.data.calibration or ()
-        if prepared.mode in ("mask", "element"):
+        if self.executor(prepared) is Executor.EAGER:
             with zeroed(self.slices(prepared, ratio)), reestimated(self.model, prepared.batchnorms, calibration):
                 return self.evaluate_model(self.model)
         channels = prepared.removal[ratio]
@@ -314,10 +340,12 @@ class SensitivityEngine:
         seconds: float,
         estimate: PairedEstimate | None = None,
         settled: str | None = None,
+        *,
+        executor: Executor,
     ) -> bool:
-        """Turn a variant's metrics into its loss, save it under every sharing name, log one line; return whether
-        the early stop tripped or, with decision-driven sampling, the variant was decided above the target (the
-        param's larger ratios are then skipped).
+        """Turn a variant's metrics into its loss, save it under every sharing name, note what evaluated it
+        (``executor``) in the report, log one line; return whether the early stop tripped or, with decision-driven
+        sampling, the variant was decided above the target (the param's larger ratios are then skipped).
 
         ``estimate`` (adaptive precision, decision-driven sampling) supplies the loss estimated from paired
         differences and its interval; ``settled`` says how a decision ended (a variant evaluated on every image
@@ -344,6 +372,8 @@ class SensitivityEngine:
             self.stops.mark(names, ratio, by_rule=tripped)
         self.store.record_variant(names, ratio, variant)
         state.report.evaluated += 1
+        for name in names:
+            state.report.executors.setdefault(name, {})[ratio] = executor
         state.bar.update(1)
         count, total = len(prepared.removal[ratio]), prepared.size
         logger.info(
