@@ -42,7 +42,7 @@ from analysis.planning._estimates import estimate_notice
 from analysis.planning.export import export_pruned
 from analysis.planning.measured import Scoring, SearchSettings, build_measured_plan
 from analysis.planning.plan import Plan, build_plan, plan_from_ratios
-from analysis.planning.verify import Verification, verify_plan
+from analysis.planning.verify import CalibrationCheck, Verification, check_calibration, verify_plan
 from analysis.structure.flops import format_count
 from analysis.structure.physical import jointly_pruned_copy
 
@@ -61,6 +61,12 @@ class PlanResult:
     verification: Verification | None = None
     exported: dict[str, Path] | None = None
     estimates: str | None = None
+    export_check: CalibrationCheck | None = None  # the calibration check of an export without verification
+
+    @property
+    def calibration_check(self) -> CalibrationCheck | None:
+        """The check of the calibration images the verified or exported statistics were re-estimated on."""
+        return self.verification.calibration_check if self.verification is not None else self.export_check
 
 
 def plan_path(analysis_file: str | Path) -> Path:
@@ -137,13 +143,17 @@ def run_plan_step(
         )  # fmt: skip
         recalibrated = result.verification.recalibrated
         if recalibrated is not None:
-            batchnorm = _batchnorm_note(recalibrated.layers, recalibrated.calibration)
+            batchnorm = _batchnorm_note(recalibrated.layers, recalibrated.calibration, result.calibration_check)
     if s.export_dir is not None:
         if pruned is None:
             pruned = jointly_pruned_copy(model, plan.removals(), example)
             if inputs.calibration is not None:
                 stats = recalibrate_copy(model, pruned, plan.removals(), example, inputs.calibration.loader)
-                batchnorm = _batchnorm_note(stats.layers, inputs.calibration.as_dict())
+                if stats.layers:  # the exported statistics get deployed: check their calibration images as verify does
+                    baseline, evaluator = _evaluation(config, inputs, analysis_file, progress)
+                    result.export_check = check_calibration(model, stats.layers, evaluator, baseline,
+                                                            inputs.calibration)  # fmt: skip
+                batchnorm = _batchnorm_note(stats.layers, inputs.calibration.as_dict(), result.export_check)
         extra = {
             "plan": plan.as_dict(),
             "arch": config.Global.arch,
@@ -163,9 +173,16 @@ def _scoring(inputs: Inputs, search: SearchSettings, seed: int) -> Scoring:
     return Scoring.from_loaders(inputs.loader, calibration, search.calibration_images, seed)
 
 
-def _batchnorm_note(layers: list[str], calibration: dict[str, Any]) -> dict[str, Any]:
-    """What ``pruned_channels.json`` says about the exported BatchNorm statistics."""
-    return {"reestimated": True, "layers": layers, "calibration": calibration}
+def _batchnorm_note(layers: list[str], calibration: dict[str, Any], check: CalibrationCheck | None) -> dict[str, Any]:
+    """What ``pruned_channels.json`` says about the exported BatchNorm statistics, with the calibration check."""
+    note: dict[str, Any] = {"reestimated": True, "layers": layers, "calibration": calibration}
+    if check is not None:
+        note["reliable"] = check.reliable
+        note["calibration_check"] = check.record().to_json()
+        warning = check.warning()
+        if warning is not None:
+            note["warning"] = warning
+    return note
 
 
 def _evaluation(
@@ -210,6 +227,8 @@ def _record(analysis_file: Path, result: PlanResult) -> None:
 def format_plan(result: PlanResult) -> str:
     """The plan's groups and totals, and the verification next to the prediction."""
     plan = result.plan
+    check = result.calibration_check
+    unreliable = " [UNRELIABLE: calibration check failed]" if check is not None and not check.reliable else ""
     lines = [f"plan ({plan.source}): {len(plan.groups)} group(s) pruned"]
     width = max([len(g.members[0]) for g in plan.groups] + [5])
     for group in plan.groups:
@@ -232,16 +251,18 @@ def format_plan(result: PlanResult) -> str:
             f"predicted loss (measured by the search, all groups pruned at once): {plan.predicted_loss:+.4f}; "
             f"{search['evaluations']}{budget_of} evaluations ({search['from_earlier_runs']} taken from earlier runs' "
             f"log, {search['repeated_plans']} trades passed over as repeats of measured plans), "
-            f"{search['accepted_trades']} trades kept{ended}"
+            f"{search['accepted_trades']} trades kept{ended}{unreliable}"
         )
         finalists = ", ".join(f"{f['name']} {f['top1']:.4f}" for f in search["finalists"])
         lines.append(f"finalists (top1, every calibration image): {finalists}; chosen: {search['chosen']}")
     else:
         lines.append(
             f"predicted loss (sum of single-layer losses): {_loss(plan.predicted_loss)}"
-            + (f" (at most {max(0.0, plan.predicted_loss - plan.lower_bound):.4f} above the optimum)"
+            + (f" (within {plan.gap:.4f} of the smallest summed predicted loss any plan meeting the budget can have)"
                if plan.source == "budget" else "")
         )  # fmt: skip
+        if plan.notice is not None:
+            lines.append(f"note: {plan.notice}.")
     lines.append(f"MACs {format_count(dense.macs)} -> {format_count(pruned.macs)} "
                  f"(-{1 - pruned.macs / dense.macs:.1%}), params {format_count(dense.params)} -> "
                  f"{format_count(pruned.params)} (-{1 - pruned.params / dense.params:.1%})")  # fmt: skip
@@ -249,16 +270,21 @@ def format_plan(result: PlanResult) -> str:
         lines.append(f"ratios as an ACT ChannelPrune block: {result.ratios_file}")
     verification = result.verification
     if result.estimates is not None:
-        check = "; the verification below measures it" if verification is not None else (
+        how = "; the verification below measures it" if verification is not None else (
             "; measure it: python run.py verify --config_path <config> (or SensitivityAnalysis.verify: true)"
         )  # fmt: skip
-        lines.append(f"note: {result.estimates}{check}.")
+        lines.append(f"note: {result.estimates}{how}.")
+    if check is not None and not check.reliable:
+        lines.append(f"WARNING: {check.warning()}")
     if verification is not None:
         losses = verification.losses()
         shown = next(m for m in (*LABEL_FREE_METRICS, "top1") if m in verification.baseline)  # the analysis metric
         also = "top5" if "top5" in losses else None
+        predicted = _loss(plan.predicted_loss) + (", outside its meaningful range (see note)" if plan.notice else "")
+        if plan.method == "measured":
+            predicted += unreliable
         lines.append(
-            f"verified (all groups pruned at once, predicted loss {_loss(plan.predicted_loss)}): {shown} "
+            f"verified (all groups pruned at once, predicted loss {predicted}): {shown} "
             f"{verification.baseline[shown]:.4f} ->"
         )
         lines.append(
@@ -278,7 +304,11 @@ def format_plan(result: PlanResult) -> str:
                 f"  BatchNorm re-estimated ({len(recalibrated.layers)} layers, {recalibrated.images} calibration "
                 f"images): {shown} {recalibrated.metrics[shown]:.4f} (measured loss {again[shown]:+.4f})"
                 + (f", {also} loss {again[also]:+.4f}" if also else "")
+                + unreliable
             )
+        if check is not None:
+            lines.append(f"  calibration check passed: {check.describe()}" if check.reliable else
+                         "  calibration check FAILED: see the warning above")  # fmt: skip
         v = verification
         lines.append(f"measured MACs {format_count(v.dense_cost['macs'])} -> {format_count(v.pruned_cost['macs'])}, "
                      f"params {format_count(v.dense_cost['params'])} -> {format_count(v.pruned_cost['params'])}, "
@@ -288,7 +318,11 @@ def format_plan(result: PlanResult) -> str:
             lines.append(f"latency {batch.replace('_', ' ')} on {v.device}: {times['dense']:.2f} ms -> "
                          f"{times['pruned']:.2f} ms ({times['dense'] / times['pruned']:.2f}x, median)")  # fmt: skip
     if result.exported is not None:
-        lines.append(f"exported: {', '.join(str(p) for p in result.exported.values())}")
+        if result.verification is None and check is not None:
+            lines.append(f"calibration check of the exported statistics: {check.describe()}")
+        statistics = (" (its BatchNorm statistics re-estimated on calibration images that failed the calibration "
+                      "check: unreliable)") if unreliable else ""  # fmt: skip
+        lines.append(f"exported: {', '.join(str(p) for p in result.exported.values())}{statistics}")
     return "\n".join(lines)
 
 

@@ -525,13 +525,27 @@ class DensePrunedRecord(_Record):
 
 @dataclass(kw_only=True)
 class ReestimatedRecord(_Record):
-    """The verified model after BatchNorm re-estimation: its metrics and losses, and on what it was re-estimated."""
+    """The verified model after BatchNorm re-estimation: its metrics and losses, on what it was re-estimated, and
+    (written since the calibration check exists) whether the calibration check found these figures reliable."""
 
     metrics: Metrics | None = None
     measured_loss: Metrics | None = None
     batchnorm_layers: list[str] | None = None
     calibration_images: int | None = None
     calibration: dict[str, Any] | None = None
+    reliable: bool | None = None
+
+
+@dataclass(kw_only=True)
+class CalibrationCheckRecord(_Record):
+    """The dense model with the same BatchNorm layers re-estimated on the same calibration images: its metrics, the
+    relative loss of ``metric`` against the baseline, the tolerance, and whether re-estimated figures are reliable."""
+
+    metric: str | None = None
+    dense_reestimated: Metrics | None = None
+    loss: float | None = None
+    tolerance: float | None = None
+    reliable: bool | None = None
 
 
 @dataclass(kw_only=True)
@@ -548,6 +562,7 @@ class VerificationRecord(_Record):
     checkpoint_bytes: DensePrunedRecord | None = None
     latency_ms: dict[str, DensePrunedRecord] | None = None
     device: str | None = None
+    calibration_check: CalibrationCheckRecord | None = None
 
 
 @dataclass(kw_only=True)
@@ -562,6 +577,8 @@ class PlanRecord(_Record):
     method_description: str | None = None
     predicted_loss: float | None = field(default=None, metadata=ALWAYS)
     lower_bound: float | None = field(default=None, metadata=ALWAYS)
+    # why the summed predicted loss predicts nothing (outside the range a loss of its metric can mean); absent else
+    prediction_notice: str | None = None
     dense: CostRecord | None = None
     pruned: CostRecord | None = None
     macs_reduction: float | None = None

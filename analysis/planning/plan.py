@@ -6,7 +6,8 @@ can only lose one set of channels, so it is one decision with one ratio; its opt
 there (curves are interpolated linearly in the channel count and never extrapolated). What a group saves alone is
 exact at the measured counts (:class:`~analysis.structure.flops.CostModel`) and linear in between.
 :func:`~analysis.planning.ratios.allocate` picks the options; the plan's MACs and params are then computed exactly
-for all groups pruned at once.
+for all groups pruned at once. A summed prediction outside the range a loss of its metric can take (or, for an
+unbounded metric, beyond every measured single-layer loss) gets a notice (:func:`prediction_notice`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
+from analysis.engine.loss import divides_by_baseline
 from analysis.errors import AnalysisFileError, UserError, did_you_mean
 from analysis.io import sidecar as schema
 from analysis.io._fingerprint import model_fingerprint
@@ -43,6 +45,8 @@ from analysis.structure.groups import (
 logger = logging.getLogger(__name__)
 
 MEASURES = ("macs", "params")
+BOUNDED_METRICS = ("top1", "top5", "agreement")
+"""Metrics between 0 and 1: their loss cannot exceed 1 (relative) or the baseline (absolute), whatever is summed."""
 
 
 @dataclass
@@ -88,6 +92,7 @@ class Plan:
         method: ``knapsack`` (allocated from the sensitivity curves), ``measured`` (improved with joint
             evaluations, see :mod:`analysis.planning.measured`) or ``ratios`` (applied as given).
         search: For ``measured``: what the search evaluated and measured (JSON-friendly).
+        notice: Why the summed predicted loss predicts nothing (:func:`prediction_notice`); None when it may.
     """
 
     measure: str
@@ -101,6 +106,7 @@ class Plan:
     source: str = "budget"
     method: str = "knapsack"
     search: dict[str, Any] | None = None
+    notice: str | None = None
 
     @property
     def ratios(self) -> dict[str, float]:
@@ -139,6 +145,7 @@ class Plan:
             method_description=self.describe_method(),
             predicted_loss=known_loss(self.predicted_loss),
             lower_bound=known_loss(self.lower_bound),
+            prediction_notice=self.notice,
             dense=CostRecord.from_json(self.dense.as_dict(), "dense"),
             pruned=CostRecord(macs=self.pruned.macs, params=self.pruned.params),
             macs_reduction=summary["macs_reduction"],
@@ -152,13 +159,18 @@ class Plan:
         """JSON form (as stored in the sidecar under ``plan``)."""
         return self.record().to_json()
 
+    @property
+    def gap(self) -> float:
+        """How far the summed predicted loss can lie above the smallest one any plan meeting the budget can have."""
+        return max(0.0, self.predicted_loss - self.lower_bound)
+
     def describe_method(self) -> str:
         """One sentence on how the plan was chosen and what its predicted loss is."""
         if self.method == "ratios":
             return "ratios as given; predicted loss = sum of the single-layer losses"
         knapsack = (
             "multiple-choice knapsack by dynamic programming over the monotone sensitivity curves; summed predicted "
-            f"loss within {max(0.0, self.predicted_loss - self.lower_bound):.6g} of the optimum"
+            f"loss within {self.gap:.6g} of the smallest summed predicted loss any plan meeting the budget can have"
         )
         if self.method == "knapsack":
             return knapsack
@@ -167,6 +179,49 @@ class Plan:
             f"measured: started from the knapsack plan, improved with {evaluations} joint evaluations (all groups "
             "pruned at once, BatchNorm re-estimated); predicted loss = the loss measured for this plan"
         )
+
+
+def prediction_notice(
+    predicted: float, metric: str, mode: str, baseline: float | None, largest_measured: float
+) -> str | None:
+    """Why a summed predicted loss predicts nothing, or None while it stays where a loss of ``metric`` can be.
+
+    A sum of single-layer losses is a guess that the losses add up. For a metric between 0 and 1 a loss above 1
+    (relative) or above the baseline (absolute) cannot happen at all, so a sum there says only that the additive
+    guess broke. Cross-entropy, KL divergence and an eval function's score have no such bound; for them the limit
+    is the largest loss any single variant measured: a sum above it claims a model worse than any the analysis
+    measured, which no measurement supports. Curves are floored at 0, so a sum is never below the range.
+    """
+    if not math.isfinite(predicted):
+        return None  # a ratio beyond the analysed ones: said separately
+    if metric in BOUNDED_METRICS and divides_by_baseline(metric, mode):
+        ceiling, why = 1.0, f"a relative {metric} loss cannot exceed 1 ({metric} 0), so the losses cannot add up to it"
+    elif metric in BOUNDED_METRICS and baseline is not None:
+        ceiling = baseline
+        why = (f"an absolute {metric} loss cannot exceed the baseline {baseline:.4f} ({metric} 0), so the losses "
+               "cannot add up to it")  # fmt: skip
+    else:
+        ceiling = largest_measured
+        why = (f"{metric} has no upper bound, but no single layer pruned alone measured a loss above "
+               f"{largest_measured:.4f} in the analysis, so nothing measured supports a sum this large")  # fmt: skip
+    if predicted <= ceiling:
+        return None
+    return (
+        f"the predicted loss {predicted:+.4f} (a sum of single-layer losses) lies outside the range where such a sum "
+        f"predicts anything: {why}. Measure the plan with all groups pruned at once (--verify, or run.py verify "
+        "<analysis file> --ratios <plan yaml>), or let joint evaluations choose it (--method measured)"
+    )
+
+
+def summed_prediction_notice(analysis_file: str | Path, predicted: float) -> str | None:
+    """:func:`prediction_notice` with the metric, metric mode, baseline and measured losses of ``analysis_file``."""
+    sidecar = schema.load(analysis_file)
+    settings = sidecar.settings if sidecar is not None else schema.SettingsRecord()
+    metric = settings.metric_name
+    baseline = (sidecar.baseline or {}).get(metric) if sidecar is not None else None
+    losses = [loss for curve in load_sensitivities(analysis_file).values() for loss in curve.values()]
+    largest = max((loss for loss in losses if math.isfinite(loss)), default=0.0)
+    return prediction_notice(predicted, metric, settings.metric_mode or "relative", baseline, largest)
 
 
 def known_loss(value: float) -> float | None:
@@ -200,7 +255,9 @@ def build_plan(
     with eval_mode(model):
         planner, options = open_planner(model, example_input, analysis_file, measure)
         allocation = planner.allocate(options, target)
-        return planner.plan(options, allocation.choices, target, allocation.predicted_loss, allocation.lower_bound)
+        plan = planner.plan(options, allocation.choices, target, allocation.predicted_loss, allocation.lower_bound)
+    plan.notice = summed_prediction_notice(analysis_file, plan.predicted_loss)
+    return plan
 
 
 def open_planner(
@@ -280,8 +337,9 @@ def plan_from_ratios(
         groups.sort(key=lambda g: order[g.members[0]])
         pruned = planner.picks_cost((g.ranking_param, len(g.removed)) for g in groups)
         predicted_total = sum(g.predicted_loss for g in groups)
+        notice = summed_prediction_notice(analysis_file, predicted_total)
         return Plan("macs", None, groups, predicted_total, predicted_total, costs.dense, pruned, settings, source,
-                    method="ratios")  # fmt: skip
+                    method="ratios", notice=notice)  # fmt: skip
 
 
 def param_count(param: PrunableParam, ratio: float, round_to: int = 1) -> int:

@@ -29,6 +29,7 @@ from analysis.io.sidecar import (
     SettingsRecord,
     Sidecar,
     VariantRecord,
+    VerificationRecord,
 )
 from analysis.planning.ratios import explain_target_loss, get_ratios_by_loss
 from analysis.reporting._format import LABEL_FREE_LOSSES, count, fixed, loss_difference, percent
@@ -397,8 +398,23 @@ def _plan_section(sidecar: Sidecar | None) -> str:
     target = plan.target
     what = (f"budget: {_e(plan.measure)} reduced by at least {percent(target)}" if target is not None
             else f"ratios from <code>{_e(plan.source)}</code>")  # fmt: skip
+    check = verification.calibration_check if verification is not None else None
+    unreliable = " UNRELIABLE: the calibration check failed (see above)." if check and check.reliable is False else ""
+    warnings = []
+    if plan.prediction_notice:
+        warnings.append(f"Predicted loss: {plan.prediction_notice[0].upper()}{plan.prediction_notice[1:]}.")
+    if unreliable and verification is not None:
+        warnings.append(f"Calibration check failed: {_calibration_check(verification)}. The statistics these images "
+                        "give do not fit the model even unpruned, so every BatchNorm re-estimated figure below is "
+                        "unreliable, and so are exported statistics re-estimated on them; name calibration images "
+                        "drawn like the evaluation data in Global.calib_list.")  # fmt: skip
+    predicted = f"{fixed(plan.predicted_loss)} ({_prediction(plan)})"
+    if plan.prediction_notice:
+        predicted += " OUTSIDE ITS MEANINGFUL RANGE: it predicts nothing (see above)."
+    elif plan.method == "measured":
+        predicted += unreliable
     rows = [("plan", what), ("method", _e(plan.method_description or plan.method or "-")),
-            ("predicted loss", _e(f"{fixed(plan.predicted_loss)} ({_prediction(plan)})"))]  # fmt: skip
+            ("predicted loss", _e(predicted))]  # fmt: skip
     if verification is not None:
         measured, baseline, pruned = (verification.measured_loss or {}, verification.baseline or {},
                                       verification.pruned or {})  # fmt: skip
@@ -415,9 +431,12 @@ def _plan_section(sidecar: Sidecar | None) -> str:
                 rows.append((f"measured {metric} loss, BatchNorm re-estimated", _e(
                     f"{fixed(again[metric])} ({metric} {fixed(baseline.get(metric))} -> {fixed(after.get(metric))}, "
                     f"statistics of {len(reestimated.batchnorm_layers or [])} layers re-estimated on "
-                    f"{reestimated.calibration_images} calibration images)")))  # fmt: skip
+                    f"{reestimated.calibration_images} calibration images){unreliable}")))  # fmt: skip
         if reestimated is None:
             rows.append(("BatchNorm re-estimated", "not measured (no calibration images; see Global.calib_list)"))
+        if check is not None:
+            verdict = "passed" if check.reliable else "FAILED"
+            rows.append(("calibration check", _e(f"{verdict}: {_calibration_check(verification)}")))
         for key, pair in (("macs", verification.macs), ("params", verification.params),
                           ("checkpoint bytes", verification.checkpoint_bytes)):  # fmt: skip
             dense, smaller = (None, None) if pair is None else (pair.dense, pair.pruned)
@@ -440,7 +459,24 @@ def _plan_section(sidecar: Sidecar | None) -> str:
     )  # fmt: skip
     head = "<th>group (params sharing one ratio)</th><th>ratio</th><th>channels removed</th><th>predicted loss</th>"
     table = f'<table class="losses"><thead><tr>{head}</tr></thead><tbody>{groups}</tbody></table>'
-    return "<h2>Pruning plan</h2>" + _table(rows) + f'<div class="scroll">{table}</div>'
+    shown = "".join(f'<p class="warning">{_e(text)}</p>' for text in warnings)
+    return "<h2>Pruning plan</h2>" + shown + _table(rows) + f'<div class="scroll">{table}</div>'
+
+
+def _calibration_check(verification: VerificationRecord) -> str:
+    """The calibration check of a verification, with its numbers (plain text)."""
+    check = verification.calibration_check
+    assert check is not None
+    metric = check.metric or "top1"
+    before = (verification.baseline or {}).get(metric)
+    after = (check.dense_reestimated or {}).get(metric)
+    reestimated = verification.reestimated
+    layers = len(reestimated.batchnorm_layers or []) if reestimated is not None else 0
+    images = reestimated.calibration_images if reestimated is not None else None
+    verdict = "within" if check.reliable else "more than"
+    return (f"re-estimating the same {layers} BatchNorm layers of the dense model on the {images} calibration images "
+            f"changes its {metric} from {fixed(before)} to {fixed(after)} (relative loss {fixed(check.loss, '+.4f')}, "
+            f"{verdict} the tolerance {fixed(check.tolerance, 'g')})")  # fmt: skip
 
 
 def _figure(png: bytes, alt: str, caption: str) -> str:
