@@ -14,7 +14,7 @@ import torch
 import analysis.cli._job
 import analysis.cli.main
 from analysis.inputs.models import create_architecture
-from analysis.io.results import load_sidecar
+from analysis.io.results import load_sensitivities, load_sidecar
 
 from helpers import (
     REPO,
@@ -51,6 +51,12 @@ def test_flags_and_overrides_reach_the_config(cli: Cli, tmp_path: Path, list_dat
     assert "(10 images" in result.out
     # --quiet: no config dump, no progress; warnings stay (this tiny model has random weights)
     assert [line for line in result.err.splitlines() if "random weights" not in line] == []
+    # both tokens of "0.25,0.75" and the separate 0.5 were analysed, sorted, for each of the two convs
+    sidecar = load_sidecar(tmp_path / "out" / "s.pkl")
+    assert sidecar["config"]["SensitivityAnalysis"]["pruned_ratios"] == [0.25, 0.5, 0.75]
+    losses = load_sensitivities(tmp_path / "out" / "s.pkl")
+    assert {name: sorted(curve) for name, curve in losses.items()} == {"0.weight": [0.25, 0.5, 0.75],
+                                                                       "3.weight": [0.25, 0.5, 0.75]}  # fmt: skip
 
 
 def test_baseline_matches_a_direct_evaluation(cli: Cli, tmp_path: Path, list_data: Path) -> None:

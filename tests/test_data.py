@@ -118,6 +118,17 @@ def test_any_pillow_mode_becomes_rgb(tmp_path: Path, mode: str) -> None:
     assert image.shape == (3, 8, 8)
     if mode == "L":
         assert torch.equal(image[0], image[1]) and torch.equal(image[1], image[2])
+    pixels = image.permute(1, 2, 0).numpy().astype(int)  # HWC, as the expectations below
+    if mode == "L":  # the luma 0.299 R + 0.587 G + 0.114 B = 123.81, stored rounded, in all three channels
+        assert (pixels == 124).all()
+    elif mode == "P":  # dithered to the web palette: each pixel is its stored index's palette colour
+        with Image.open(path) as saved:
+            palette = np.asarray(saved.getpalette(), dtype=int).reshape(-1, 3)
+            expected = palette[np.asarray(saved)]
+        assert len(np.unique(expected.reshape(-1, 3), axis=0)) > 1 and (pixels == expected).all()
+    else:  # RGBA: alpha dropped; CMYK (C, M, Y) = 255 - (R, G, B) with K = 0, back through a near-lossless JPEG
+        tolerance = 2 if mode == "CMYK" else 0
+        assert (abs(pixels - np.array([10, 200, 30])) <= tolerance).all()
 
 
 def test_subset_is_class_balanced_seeded_and_ordered(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -66,10 +67,25 @@ def test_empty_sums_refuse() -> None:
         MetricSums().result()
 
 
+class SlowIdentity(nn.Module):
+    """The identity, taking at least ``delay`` seconds per batch."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.delay)
+        return x
+
+
 def test_evaluate_runs_a_model_over_batches() -> None:
     logits, labels = crafted()
     batches = [(logits[:4], labels[:4]), (logits[4:], labels[4:])]
-    result = evaluate(nn.Identity(), batches, progress=False)
+    start = time.perf_counter()
+    result = evaluate(SlowIdentity(0.02), batches, progress=False)
+    wall = time.perf_counter() - start
     assert (result.top1, result.top5, result.num_samples) == (pytest.approx(2 / 6), pytest.approx(4 / 6), 6)
     assert result.seconds >= 0
+    assert 2 * 0.02 <= result.seconds <= wall  # the two forward passes are timed, and nothing outside the call
     assert "top1=0.3333 top5=0.6667" in result.summary()

@@ -84,14 +84,23 @@ def analyse(cli: Cli, path: Path) -> dict[str, Any]:
     return load_sidecar(analysis_file) | {"losses": load_sensitivities(analysis_file)}
 
 
-def evaluation_images(data: Path) -> torch.Tensor:
-    """The preprocessed evaluation images, as the CLI sees them, in list order."""
-    block = GlobalConfig(data_dir=str(data), batch_size=8, img_size=16, resize_size=16, num_workers=0, labels="none")
+def evaluation_images(data: Path, val_list: str = "val_list.txt") -> torch.Tensor:
+    """The preprocessed evaluation images, as the CLI sees them, in list order (or those of another list file)."""
+    block = GlobalConfig(data_dir=str(data), val_list=val_list, batch_size=8, img_size=16, resize_size=16,
+                         num_workers=0, labels="none")  # fmt: skip
     return torch.cat([images for images, _ in build_eval_loader(block, torch.device("cpu"))])
 
 
-def by_hand(data: Path) -> dict[tuple[str, float], dict[str, float]]:
-    """Agreement, KL (float64) and top1 of every variant, from physically pruned copies: what the numbers mean."""
+# The BatchNorm layers whose statistics removing a param's channels changes in tiny_cnn: the one after the conv that
+# loses input channels (removing conv 3's channels changes no BatchNorm: only the classifier follows).
+REESTIMATED = {"0.weight": ["4"], "3.weight": []}
+
+
+def by_hand(data: Path, calibration: torch.Tensor | None = None) -> dict[tuple[str, float], dict[str, float]]:
+    """Agreement, KL (float64) and top1 of every variant, from physically pruned copies: what the numbers mean.
+
+    With ``calibration`` (one batch of preprocessed images), each copy's :data:`REESTIMATED` layers first get the
+    mean and unbiased variance of their inputs on those images (adaptive BatchNorm); the dense model keeps its own."""
     model, images = dense_model(), evaluation_images(data)
     labels = torch.arange(IMAGES) % 10
     with torch.inference_mode():
@@ -102,6 +111,14 @@ def by_hand(data: Path) -> dict[tuple[str, float], dict[str, float]]:
         conv = model.get_submodule(conv_name(name))
         for ratio in RATIOS:
             smaller = pruned_copy(model, conv_name(name), select_channels(l1_norm(conv.weight), ratio), images[:4])
+            if calibration is not None:
+                for layer in (smaller.get_submodule(bn) for bn in REESTIMATED[name]):
+                    layer.reset_running_stats()
+                    layer.momentum = None  # a cumulative average: over the one batch, its statistics exactly
+                    layer.train()
+                with torch.no_grad():
+                    smaller(calibration)
+                smaller.eval()
             with torch.inference_mode():
                 pruned = smaller(images).double()
             kl = (p_dense * (p_dense.log() - pruned.log_softmax(dim=1))).sum(dim=1).mean()
@@ -220,6 +237,7 @@ def test_adaptive_precision_compares_each_image_with_its_own_reference(
     data = write_colour_images(tmp_path / "data", labelled=False)
     exact = analyse(cli, config(tmp_path, data, weights, "exact", metric=metric))
     adaptive = analyse(cli, config(tmp_path, data, weights, "adaptive", metric=metric, precision=0.001))
+    assert set(variants(adaptive)) == {(name, ratio) for name in PARAMS for ratio in RATIOS}
     for key, record in variants(adaptive).items():
         assert record["samples"] == IMAGES
         assert record["loss"] == pytest.approx(exact["losses"][key[0]][key[1]], rel=1e-5, abs=1e-9)
@@ -309,6 +327,12 @@ def test_unlabelled_calibration_list_is_read_and_used(cli: Cli, tmp_path: Path, 
     plain = analyse(cli, config(tmp_path, data, weights, "plain", metric="kl"))
     adaptive = analyse(cli, config(tmp_path, data, weights, "adaptive", metric="kl", adaptive_bn=True))
     assert adaptive["losses"] != plain["losses"]  # the statistics were re-estimated on the calibration images
+    expected = by_hand(data, calibration=evaluation_images(data, "train_list.txt"))
+    assert {key: record["kl"] for key, record in variants(adaptive).items()} == pytest.approx(
+        {key: values["kl"] for key, values in expected.items()}, abs=1e-6
+    )
+    assert all(adaptive["losses"][name][ratio] == variants(adaptive)[name, ratio]["loss"] for name, ratio in expected)
+    assert plain["losses"]["3.weight"] == adaptive["losses"]["3.weight"]  # no BatchNorm follows conv 3
 
 
 @pytest.mark.parametrize("known", [True, False], ids=["count-known", "count-unknown"])

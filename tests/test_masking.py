@@ -366,12 +366,14 @@ def test_select_channels_with_the_grouped_convs_blocks() -> None:
 
 
 class DepthwiseMultiplier(nn.Module):
-    """A depthwise conv with channel multiplier 2 (groups == in_channels, out_channels == 2 * in_channels)."""
+    """A depthwise conv with channel multiplier 2 (groups == in_channels, out_channels == 2 * in_channels); with
+    fewer ``groups`` the same conv is a grouped conv with multiplier 2 (each group maps 8 / groups inputs to twice
+    as many outputs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, groups: int = 8) -> None:
         super().__init__()
         self.expand = nn.Sequential(nn.Conv2d(3, 8, 1), nn.BatchNorm2d(8), nn.ReLU())
-        self.depthwise = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1, groups=8), nn.BatchNorm2d(16), nn.ReLU())
+        self.depthwise = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1, groups=groups), nn.BatchNorm2d(16), nn.ReLU())
         self.project = nn.Conv2d(16, 8, 1)
         self.fc = nn.Linear(8, 10)
 
@@ -379,16 +381,32 @@ class DepthwiseMultiplier(nn.Module):
         return self.fc(self.project(self.depthwise(self.expand(x))).mean(dim=(2, 3)))
 
 
-def test_depthwise_with_channel_multiplier_is_unprunable_or_exact() -> None:
+def test_depthwise_with_channel_multiplier_removes_nothing_it_cannot_remove_evenly() -> None:
+    """The multiplier makes the depthwise conv a grouped conv with one input channel per conv group: removal must be
+    even across the 8 groups, so no ratio selects a channel of the conv feeding it, and a hand-picked one is refused."""
     x = torch.randn(2, 3, 16, 16)
     model = make_nontrivial(DepthwiseMultiplier(), x)
     param = next(p for p in find_prunable(model, x) if p.name == "expand.0.weight")
-    # Acceptable outcomes: unprunable, nothing removable (a conv block per channel), or exact removal.
-    idx = select_channels(l1_norm(model.expand[0].weight), RATIO, param.conv_blocks) if param.prunable else []
-    if idx:
-        graph = build_dependency_graph(model, x)
-        with torch.no_grad(), masked(graph, removal_group(graph, model.expand[0], idx)):
-            masked_logits = model(x)
-        pruned = pruned_copy(model, "expand.0", idx, x)
-        with torch.no_grad():
-            assert (pruned(x) - masked_logits).abs().max().item() <= ATOL
+    assert param.prunable and param.conv_blocks == [[channel] for channel in range(8)]
+    scores = l1_norm(model.expand[0].weight)
+    assert [select_channels(scores, ratio, param.conv_blocks) for ratio in (RATIO, 0.5, 0.9)] == [[], [], []]
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="uneven removal across the 8 conv groups"):
+        pruned_copy(model, "expand.0", [0], x)
+    assert changed_tensors(model, before) == []
+
+
+@pytest.mark.parametrize(("groups", "ratio", "removed"), [(4, 0.5, 4), (2, RATIO, 2)])
+def test_grouped_conv_with_channel_multiplier_masks_exactly(groups: int, ratio: float, removed: int) -> None:
+    x = torch.randn(2, 3, 16, 16)
+    model = make_nontrivial(DepthwiseMultiplier(groups), x)
+    param = next(p for p in find_prunable(model, x) if p.name == "expand.0.weight")
+    idx = select_channels(l1_norm(model.expand[0].weight), ratio, param.conv_blocks)
+    assert len(idx) == removed and all(len(set(idx) & set(block)) == removed // groups for block in param.conv_blocks)
+    graph = build_dependency_graph(model, x)
+    with torch.no_grad(), masked(graph, removal_group(graph, model.expand[0], idx)):
+        masked_logits = model(x)
+    pruned = pruned_copy(model, "expand.0", idx, x)
+    assert pruned.depthwise[0].in_channels == 8 - removed and pruned.depthwise[0].out_channels == 16
+    with torch.no_grad():
+        assert (pruned(x) - masked_logits).abs().max().item() <= ATOL

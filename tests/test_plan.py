@@ -29,6 +29,19 @@ from helpers import REPO, CliResult, batches, pseudo_labelled, randomize, tiny_g
 from tiny_models import tiny_densenet, tiny_grouped, tiny_inverted_residual, tiny_resnet
 
 DEMO = ["digits_resnet.yaml", "digits_mobilenet.yaml"]
+TINY_CNN_CHANNELS = {"0.weight": 8, "3.weight": 16}  # tiny_cnn's prunable convs (width 8) and their channels
+
+
+def tiny_cnn_cost(removed_first: int, removed_second: int) -> tuple[int, int]:
+    """(MACs, params) of ``tiny_cnn`` on 16x16 images with channels removed from its two convs, counted by hand:
+    conv 3->8 3x3 on 16x16, BN, conv 8->16 3x3 stride 2 (8x8 out), BN, pool, linear 16->10 (convs without bias)."""
+    first, second = 8 - removed_first, 16 - removed_second
+    macs = first * 3 * 9 * 16 * 16 + second * first * 9 * 8 * 8 + second * 10
+    params = first * 3 * 9 + 2 * first + second * first * 9 + 2 * second + second * 10 + 10
+    return macs, params
+
+
+TINY_CNN_DENSE = tiny_cnn_cost(0, 0)
 
 
 def analysed(model: torch.nn.Module, path: Path, ratios=(0.25, 0.5, 0.75)) -> Path:
@@ -48,11 +61,23 @@ def test_plan_meets_the_target_exactly_and_its_cost_is_the_pruned_models(factory
     assert (measured.macs, measured.params) == (plan.pruned.macs, plan.pruned.params)  # the joint cost is exact
     assert 1 - measured.macs / plan.dense.macs >= target
     assert plan.predicted_loss >= plan.lower_bound - 1e-12
+
+
+def test_coupled_params_share_their_groups_ratio(tmp_path: Path) -> None:
+    """At 70% fewer MACs the plan of this seeded model prunes the stem's residual chain (conv1 and layer1.conv2,
+    joined by the add) together with others: every member of a coupled group gets the group's one ratio."""
+    model = randomize(tiny_resnet())
+    example = batches(count=1)[0][0]
+    plan = build_plan(model, example, analysed(model, tmp_path / "s.pkl"), 0.7)
     coupled = {p.name: set(p.coupled_params) for p in find_prunable(model, example) if p.prunable}
     ratios = plan.ratios
-    for name, partners in coupled.items():  # coupled params share their group's one ratio
+    checked = 0
+    for name, partners in coupled.items():
         for partner in partners & set(ratios):
             assert name in ratios and ratios[name] == ratios[partner]
+            checked += 1
+    assert checked  # the plan does prune a coupled group, so the loop compared ratios
+    assert ratios["conv1.weight"] == ratios["layer1.conv2.weight"] == 0.125  # 1 of the chain's 8 channels
 
 
 @pytest.mark.parametrize("factory", [tiny_resnet, tiny_densenet, tiny_inverted_residual, tiny_grouped],
@@ -175,6 +200,18 @@ def test_main_run_verifies_target_loss_ratios_from_the_yaml(cli: Callable[..., C
     assert (tmp_path / "export" / "channel_prune.yaml").read_text() == (tmp_path / "s.pkl.ratios.yaml").read_text()
     assert len(ratios["prune_params_name"]) >= len(plan["groups"])
     assert "verified (all groups pruned at once" in result.out
+    # the verified model is pruned at exactly the file's ratios: min(C - 1, round(C * r)) channels of each conv
+    from_file = dict(zip(ratios["prune_params_name"], ratios["pruned_ratio"], strict=True))
+    assert from_file  # target_loss 0.5 leaves some layer a ratio
+    removed = {name: min(channels - 1, round(channels * from_file.get(name, 0.0)))
+               for name, channels in TINY_CNN_CHANNELS.items()}  # fmt: skip
+    assert {g["ranking_param"]: g["channels_removed"] for g in plan["groups"]} == {
+        name: count for name, count in removed.items() if count
+    }
+    verification = plan["verification"]
+    macs, params = tiny_cnn_cost(removed["0.weight"], removed["3.weight"])
+    assert verification["macs"] == {"dense": TINY_CNN_DENSE[0], "pruned": macs}
+    assert verification["params"] == {"dense": TINY_CNN_DENSE[1], "pruned": params}
 
 
 def test_verify_takes_its_ratios_from_the_file_when_the_config_sets_no_target(
@@ -187,5 +224,9 @@ def test_verify_takes_its_ratios_from_the_file_when_the_config_sets_no_target(
     (tmp_path / "r.yaml").write_text("ChannelPrune:\n  prune_params_name: [0.weight]\n  pruned_ratio: [0.5]\n")
     result = cli("verify", tmp_path / "s.pkl", "--ratios", tmp_path / "r.yaml", "--config_path", config, "--no_report")
     assert result.code == 0, result.err
-    verification = load_sidecar(tmp_path / "s.pkl")["plan"]["verification"]
+    plan = load_sidecar(tmp_path / "s.pkl")["plan"]
+    verification = plan["verification"]
     assert verification["macs"]["pruned"] < verification["macs"]["dense"]
+    assert [(g["ranking_param"], g["channels"], g["channels_removed"]) for g in plan["groups"]] == [("0.weight", 8, 4)]
+    assert verification["macs"] == {"dense": TINY_CNN_DENSE[0], "pruned": tiny_cnn_cost(4, 0)[0]}  # 64672
+    assert verification["params"] == {"dense": TINY_CNN_DENSE[1], "pruned": tiny_cnn_cost(4, 0)[1]}  # 894

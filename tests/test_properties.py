@@ -213,6 +213,53 @@ def run_cli_checked(config: Path, *overrides: str) -> int:
 
 # ---- the config loader ---------------------------------------------------------------------------------------------
 
+# Overrides each loader property also tries (as an @example, in its own form) that must load, with the value the loaded
+# config then holds: a loader refusing everything would otherwise pass properties that allow a refusal.
+MUST_LOAD = {
+    "Global.batch_size=4": 4,
+    "Global.device=cpu": "cpu",
+    "SensitivityAnalysis.pruned_ratios=[0.5, 0.25, 0.5]": [0.25, 0.5],  # normalised: sorted, each once
+    "SensitivityAnalysis.target_loss=0.05": 0.05,
+}
+# Whole config files that must load, with one value each sets: (section, key, value).
+MUST_LOAD_TEXT = {
+    "Global:\n  data_dir: d\n  arch: a\n  batch_size: 8": ("Global", "batch_size", 8),
+    "Global: {arch: a, data_dir: d}\nSensitivityAnalysis: {pruned_ratios: [0.5]}\n": (
+        "SensitivityAnalysis", "pruned_ratios", [0.5]
+    ),
+}  # fmt: skip
+
+
+def assert_must_load(config: Config | None, item: str) -> None:
+    """If ``item`` (``Section.key=value``) is one of :data:`MUST_LOAD`, ``config`` loaded and holds its value."""
+    if item in MUST_LOAD:
+        section, _, rest = item.partition(".")
+        assert config is not None, f"{item} was refused"
+        assert getattr(getattr(config, section), rest.partition("=")[0]) == MUST_LOAD[item]
+
+
+def assert_must_load_text(config: Config | None, text: str) -> None:
+    """If ``text`` is one of :data:`MUST_LOAD_TEXT`, ``config`` loaded and holds the value it lists."""
+    if text in MUST_LOAD_TEXT:
+        section, key, value = MUST_LOAD_TEXT[text]
+        assert config is not None, f"{text!r} was refused"
+        assert getattr(getattr(config, section), key) == value
+
+
+@pytest.fixture(scope="module")
+def base_loaded(workdir: Path) -> Config:
+    """What :func:`base_config` loads to (as parsed data, so that the loader under test is not needed for it)."""
+    return config_from_data(base_config(workdir), workdir / "base.yaml")
+
+
+def assert_only_changed(config: Config, base: Config, section: str, name: str) -> None:
+    """Every key of ``config`` but ``section.name`` holds what it holds in ``base``."""
+    for part in ("Global", "SensitivityAnalysis"):
+        for field in dataclasses.fields(getattr(config, part)):
+            if (part, field.name) != (section, name):
+                loaded, unchanged = getattr(getattr(config, part), field.name), getattr(getattr(base, part), field.name)
+                assert loaded == unchanged, f"{section}.{name} changed {part}.{field.name}"
+
 
 @property_settings(300)
 @given(key=st.sampled_from(SECTION_KEYS), value=yaml_values)
@@ -224,7 +271,13 @@ def run_cli_checked(config: Path, *overrides: str) -> int:
 @example(key=("SensitivityAnalysis", "early_stop_mode"), value="a\nb")  # quoted raw by early_stop_from
 @example(key=("Global", "device"), value="cuda:\u0663")  # a non-ASCII digit matched \d; torch.device raised
 @example(key=("Global", "seed"), value=2**64)  # accepted; torch.manual_seed raised ValueError in the run
-def test_any_yaml_value_for_any_key_loads_or_names_the_key(workdir: Path, key: tuple[str, str], value: Any) -> None:
+@example(key=("Global", "batch_size"), value=4)  # these four must load (MUST_LOAD)
+@example(key=("Global", "device"), value="cpu")
+@example(key=("SensitivityAnalysis", "pruned_ratios"), value=[0.5, 0.25, 0.5])
+@example(key=("SensitivityAnalysis", "target_loss"), value=0.05)
+def test_any_yaml_value_for_any_key_loads_or_names_the_key(
+    workdir: Path, base_loaded: Config, key: tuple[str, str], value: Any
+) -> None:
     section, name = key
     data = base_config(workdir)
     data[section][name] = value
@@ -233,6 +286,8 @@ def test_any_yaml_value_for_any_key_loads_or_names_the_key(workdir: Path, key: t
     config = load_or_refuse(path, [], name)
     if config is not None:
         assert_usable(config, path)
+        assert_only_changed(config, base_loaded, section, name)
+    assert_must_load(config, f"{section}.{name}={flow_yaml(value)}")
 
 
 @property_settings(300)
@@ -241,40 +296,66 @@ def test_any_yaml_value_for_any_key_loads_or_names_the_key(workdir: Path, key: t
 @example(key=("Global", "mean"), text="{a: 1}")  # OmegaConf's bare TypeError
 @example(key=("Global", "arch_kwargs"), text="[1]")  # the same
 @example(key=("Global", "device"), text="cuda:256")  # accepted; torch wraps the index: cuda:256 is cuda:0
-def test_any_override_value_loads_or_names_the_key(workdir: Path, key: tuple[str, str], text: str) -> None:
+@example(key=("Global", "batch_size"), text="4")  # these four must load (MUST_LOAD)
+@example(key=("Global", "device"), text="cpu")
+@example(key=("SensitivityAnalysis", "pruned_ratios"), text="[0.5, 0.25, 0.5]")
+@example(key=("SensitivityAnalysis", "target_loss"), text="0.05")
+def test_any_override_value_loads_or_names_the_key(
+    workdir: Path, base_loaded: Config, key: tuple[str, str], text: str
+) -> None:
     section, name = key
     path = write_config(workdir / "base.yaml", base_config(workdir))
     config = load_or_refuse(path, [f"{section}.{name}={text}"], name)
     if config is not None:
         assert_usable(config, path)
+        assert_only_changed(config, base_loaded, section, name)
+    assert_must_load(config, f"{section}.{name}={text}")
 
 
 @property_settings(200)
 @given(item=st.text() | st.builds("{}={}".format, st.text(max_size=30), st.text(max_size=10)))
 @example(item="\x85=1")  # quoted raw, line break and all
-def test_any_override_item_loads_or_names_the_override(workdir: Path, item: str) -> None:
+@example(item="Global.batch_size=4")  # these four must load (MUST_LOAD)
+@example(item="Global.device=cpu")
+@example(item="SensitivityAnalysis.pruned_ratios=[0.5, 0.25, 0.5]")
+@example(item="SensitivityAnalysis.target_loss=0.05")
+def test_any_override_item_loads_or_names_the_override(workdir: Path, base_loaded: Config, item: str) -> None:
     path = write_config(workdir / "base.yaml", base_config(workdir))
     key = item.partition("=")[0].split(".")[1:2]  # Section.key.more=value: the key is checked first
-    load_or_refuse(path, [item], "Override", *(printable(name) for name in key if name))
+    config = load_or_refuse(path, [item], "Override", *(printable(name) for name in key if name))
+    if config is not None:  # it named a key of a section: only that key may have changed
+        section, _, dotted = item.partition("=")[0].partition(".")
+        assert_usable(config, path)
+        assert_only_changed(config, base_loaded, section, dotted.partition(".")[0])
+    assert_must_load(config, item)
 
 
 @property_settings(200)
 @given(text=st.text() | yaml_soup)
 @example(text="Global:\n  data_dir: \x00")  # PyYAML's message about the character spans two lines
 @example(text='Global: {"a\\nb": 1, "a\\nb": 2}')  # the repeated key was quoted raw, line break and all
+@example(text="Global:\n  data_dir: d\n  arch: a\n  batch_size: 8")  # these two must load (MUST_LOAD_TEXT)
+@example(text="Global: {arch: a, data_dir: d}\nSensitivityAnalysis: {pruned_ratios: [0.5]}\n")
 def test_any_config_text_loads_or_names_the_file(workdir: Path, text: str) -> None:
     path = workdir / "text.yaml"
     path.write_text(text, encoding="utf-8", newline="")
-    load_or_refuse(path, [], str(path), "Global", "SensitivityAnalysis")
+    config = load_or_refuse(path, [], str(path), "Global", "SensitivityAnalysis")
+    if config is not None:
+        assert_usable(config, path)
+    assert_must_load_text(config, text)
 
 
 @property_settings(100)
 @given(data=st.binary())
 @example(data=b"\xc2\x9c")  # valid UTF-8 of a character YAML refuses: the same two-line message
+@example(data=b"Global:\n  data_dir: d\n  arch: a\n  batch_size: 8")  # must load (MUST_LOAD_TEXT)
 def test_any_config_bytes_load_or_name_the_file(workdir: Path, data: bytes) -> None:
     path = workdir / "bytes.yaml"
     path.write_bytes(data)
-    load_or_refuse(path, [], str(path), "Global", "SensitivityAnalysis")
+    config = load_or_refuse(path, [], str(path), "Global", "SensitivityAnalysis")
+    if config is not None:
+        assert_usable(config, path)
+    assert_must_load_text(config, data.decode("utf-8", errors="replace"))
 
 
 @property_settings(50)
@@ -284,6 +365,7 @@ def test_any_config_bytes_load_or_name_the_file(workdir: Path, data: bytes) -> N
 @example(key=("Global", "device"), value="cuda:01", as_override=True)  # torch.device's RuntimeError: exit 1
 # a budget this small overflowed the plan's units (OverflowError): exit 1
 @example(key=("SensitivityAnalysis", "target_macs_reduction"), value=2.2250738585072014e-308, as_override=False)
+@example(key=("Global", "batch_size"), value=4, as_override=True)  # must run (MUST_LOAD): exit 0
 def test_cli_exits_0_or_2_for_any_value(workdir: Path, key: tuple[str, str], value: Any, as_override: bool) -> None:
     section, name = key
     data = base_config(workdir)
@@ -292,7 +374,9 @@ def test_cli_exits_0_or_2_for_any_value(workdir: Path, key: tuple[str, str], val
         data[section][name] = value
     path = workdir / "cli.yaml"
     path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
-    run_cli_checked(path, *overrides)
+    code = run_cli_checked(path, *overrides)
+    if f"{section}.{name}={flow_yaml(value)}" in MUST_LOAD:
+        assert code == 0
 
 
 # ---- the list-file reader ------------------------------------------------------------------------------------------
