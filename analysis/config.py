@@ -593,6 +593,18 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
     return total
 
 
+def yaml_problem(error: yaml.MarkedYAMLError) -> str:
+    """`` line L, column C: invalid YAML (what)`` for a PyYAML error, with the line its context opened on."""
+    mark, context = error.problem_mark, error.context_mark
+    where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    opened = (
+        f", in the {error.context.split()[-1]} opened on line {context.line + 1}"
+        if context and error.context and mark and context.line != mark.line
+        else ""
+    )
+    return f"{where}: invalid YAML ({printable(error.problem)}{opened})"
+
+
 UNHOLDABLE = (RecursionError, ValueError, OverflowError)
 """What Python raises for YAML it parses but cannot hold: nesting thousands deep, a date like 2001-02-30, an integer
 of thousands of digits."""
@@ -616,14 +628,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
             f"{error.reason}); remove it."
         ) from None
     except yaml.MarkedYAMLError as error:
-        mark, context = error.problem_mark, error.context_mark
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        started = (
-            f", in the {error.context.split()[-1]} opened on line {context.line + 1}"
-            if (context and error.context and mark and context.line != mark.line)
-            else ""
-        )
-        raise ConfigError(f"Config file {path}{where}: invalid YAML ({error.problem}{started}).") from None
+        raise ConfigError(f"Config file {path}{yaml_problem(error)}.") from None
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         raise ConfigError(f"Config file {path} is not valid YAML ({error}).") from None
     except UNHOLDABLE as error:

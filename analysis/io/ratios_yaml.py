@@ -12,7 +12,7 @@ from typing import Any, Concatenate, ParamSpec
 
 import yaml
 
-from analysis.config import RATIO_DECIMALS, UNHOLDABLE, UniqueKeyLoader, printable, unholdable
+from analysis.config import RATIO_DECIMALS, UNHOLDABLE, UniqueKeyLoader, printable, unholdable, yaml_problem
 from analysis.errors import AnalysisFileError, did_you_mean, first_line
 from analysis.io.atomic import atomic_write_text
 from analysis.planning.ratios import explain_target_loss
@@ -234,18 +234,12 @@ def _read_yaml(source: Path) -> tuple[Any, Any]:
             loader.dispose()
 
 
-def _yaml_problem(error: Any) -> str:
-    """`` line L, column C: invalid YAML (what)`` for a PyYAML error, with the line its context opened on."""
-    mark, context = error.problem_mark, error.context_mark
-    where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-    opened = (
-        f", in the {error.context.split()[-1]} opened on line {context.line + 1}"
-        if context and error.context and mark and context.line != mark.line
-        else ""
+def _yaml_problem(error: yaml.MarkedYAMLError) -> str:
+    """The config loader's :func:`~analysis.config.yaml_problem`, with a hint where the problem is a tag."""
+    hint = (
+        "; remove the tag: a ratios file holds plain names and numbers" if "for the tag" in str(error.problem) else ""
     )
-    tagged = "for the tag" in str(error.problem)
-    hint = "; remove the tag: a ratios file holds plain names and numbers" if tagged else ""
-    return f"{where}: invalid YAML ({printable(error.problem)}{opened}){hint}"
+    return yaml_problem(error) + hint
 
 
 def _refuse_repeated_keys(source: Path, root: Any) -> None:
