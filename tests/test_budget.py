@@ -123,3 +123,30 @@ def test_surplus_is_spent_on_cheaper_choices() -> None:
     a = group("a", [(0, 0), (2, 0.01), (4, 0.05)])
     chosen = {"a": a.choices[2]}  # saves 4 where 2 is enough
     assert _improve([a], chosen, 2, lambda selection: sum(c.saved for c in selection.values()))["a"].saved == 2
+
+
+def test_with_whole_unit_savings_the_bound_and_the_plan_are_the_optimum() -> None:
+    # Savings in whole units of target / resolution make the rounded-up program the exact problem, so its optimum
+    # (the lower bound) and the plan's loss must both equal brute force, not merely bracket it; groups with a
+    # choice saving exactly what is missing are common here, which is where an off-by-one unit shows.
+    checked = 0
+    for seed in range(150):
+        rng = random.Random(seed)
+        groups = []
+        for index in range(rng.randint(1, 4)):
+            saved, loss, points = 0, 0.0, [(0.0, 0.0)]
+            for _ in range(rng.randint(1, 4)):
+                saved += rng.randint(1, 4)
+                loss += rng.uniform(-0.05, 0.3)
+                points.append((float(saved), loss))
+            groups.append(group(f"g{index}", points))
+        largest = sum(int(g.choices[-1].saved) for g in groups)
+        target = rng.randint(1, largest)
+        result = allocate(groups, target, resolution=target)  # one unit of saving = 1.0 exactly
+        optimum = brute_force(groups, target)
+        assert result.predicted_saved >= target
+        assert result.lower_bound == pytest.approx(optimum, abs=1e-12)
+        assert result.predicted_loss == pytest.approx(optimum, abs=1e-12)
+        assert result.predicted_loss == pytest.approx(sum(c.loss for c in result.choices.values()), abs=1e-12)
+        checked += 1
+    assert checked == 150

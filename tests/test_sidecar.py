@@ -534,6 +534,7 @@ def test_the_store_writes_keys_in_the_order_a_dict_would(tmp_path: Path) -> None
     store.mark_early_stop("a.weight", 0.5, "metric < baseline - 0")
     store.save()
     written = json.loads(sidecar_path(path).read_text())
+    assert written["params"]["a.weight"]["early_stop"] == {"ratio": 0.5, "condition": "metric < baseline - 0"}
     assert list(written) == ["tool", "fingerprint", "config", "params", "unprunable", "model_order", "baseline",
                              "saved_at"]  # fmt: skip
     assert list(written["params"]["b.weight"]) == ["variants", "module", "shape"]
@@ -542,3 +543,40 @@ def test_the_store_writes_keys_in_the_order_a_dict_would(tmp_path: Path) -> None
                                                                 "mode": "mask"}  # fmt: skip
     assert store.early_stops() == {"a.weight": 0.5} and store.variant_metric("b.weight", 0.5, "top1") == 0.75
     assert schema.load(path) == store.sidecar
+
+
+@pytest.mark.parametrize(
+    ("model", "data", "refusal"),
+    [
+        ("m2", "d", r"s\.pkl was computed with another model \(its weights differ\); use a new "),
+        ("m", "d2", r"s\.pkl was computed with other data or preprocessing; use a new "),
+    ],
+)
+def test_resuming_with_another_model_or_data_is_refused(tmp_path: Path, model: str, data: str, refusal: str) -> None:
+    path = tmp_path / "s.pkl"
+    store = AnalysisStore(path, Fingerprint("m", "d", {"metric": "top1"}), ["a.weight"])
+    store.record_variant(["a.weight"], 0.5, VariantRecord(loss=0.25, metrics={"top1": 0.75}, mode="mask"))
+    store.save()
+    with pytest.raises(AnalysisFileError, match=refusal):
+        AnalysisStore(path, Fingerprint(model, data, {"metric": "top1"}), ["a.weight"])
+    with pytest.raises(AnalysisFileError, match=r"computed with metric 'top1' \(this run uses 'top5'\)"):
+        AnalysisStore(path, Fingerprint("m", "d", {"metric": "top5"}), ["a.weight"])
+    # a part this run does not know (None) is not compared; the same fingerprint resumes with what was recorded
+    for unknown in (Fingerprint(None, "d", {"metric": "top1"}), Fingerprint("m", None, {"metric": "top1"})):
+        assert AnalysisStore(path, unknown, ["a.weight"]).sensitivities == {"a.weight": {0.5: 0.25}}
+
+
+def test_a_stored_fingerprint_without_settings_resumes(tmp_path: Path) -> None:
+    path = tmp_path / "s.pkl"
+    store = AnalysisStore(path, Fingerprint("m", "d", {"metric": "top1"}), ["a.weight"])
+    store.record_variant(["a.weight"], 0.5, VariantRecord(loss=0.25, metrics={"top1": 0.75}, mode="mask"))
+    store.save()
+    data = json.loads(sidecar_path(path).read_text())
+    data["fingerprint"] = {"model": "m", "data": "d"}  # as files written before settings were fingerprinted
+    write_sidecar(path, data)
+    resumed = AnalysisStore(path, Fingerprint("m", "d", {"metric": "top5"}), ["a.weight"])
+    assert resumed.sensitivities == {"a.weight": {0.5: 0.25}}
+    with pytest.raises(AnalysisFileError, match="another model"):
+        data["fingerprint"] = {"model": "other", "data": "d"}
+        write_sidecar(path, data)
+        AnalysisStore(path, Fingerprint("m", "d", {"metric": "top1"}), ["a.weight"])
