@@ -45,15 +45,18 @@ _EXPORTS = {
     "load_config": "analysis.config",
     "load_pruned": "analysis.planning.export",
     "load_sensitivities": "analysis.io.results",
+    "main": "analysis.cli.main",
     "merge_sensitive": "analysis.io.results",
     "not_safe_to_prune": "analysis.compat.topology",
     "plan_from_ratios": "analysis.planning.plan",
+    "run_plan_step": "analysis.workflow.plan",
     "save_sensitivities": "analysis.io.results",
     "verify_plan": "analysis.planning.verify",
     "write_report": "analysis.reporting.report",
 }
 
 if TYPE_CHECKING:
+    from analysis.cli.main import main
     from analysis.compat.counter import count_flops_params
     from analysis.compat.mask_conflict import fix_mask_conflict
     from analysis.compat.nni import SensitivityAnalysis
@@ -73,6 +76,7 @@ if TYPE_CHECKING:
     from analysis.reporting.report import write_report
     from analysis.structure.flops import CostModel, count_cost
     from analysis.structure.groups import PrunableParam, find_prunable
+    from analysis.workflow.plan import run_plan_step
 
 
 def __getattr__(name: str) -> object:
@@ -119,9 +123,11 @@ __all__ = [
     "load_config",
     "load_pruned",
     "load_sensitivities",
+    "main",
     "merge_sensitive",
     "not_safe_to_prune",
     "plan_from_ratios",
+    "run_plan_step",
     "save_sensitivities",
     "verify_plan",
     "write_report",

@@ -22,7 +22,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from analysis.engine._early_stop import EARLY_STOP_MODES, early_stop_from
+from analysis.early_stop import EARLY_STOP_MODES, early_stop_from
 from analysis.errors import ConfigError, did_you_mean, first_line
 
 logger = logging.getLogger(__name__)
@@ -261,9 +261,26 @@ def validate(config: Config) -> None:
             f"got {g.seed}."
         )
 
-    s.pruned_ratios = normalise_ratios(s.pruned_ratios, "SensitivityAnalysis.pruned_ratios")
-    check_target_loss(s.target_loss, "SensitivityAnalysis.target_loss")
-    check_choice("SensitivityAnalysis.criterion", s.criterion, CRITERIA)
+    validate_section(s)
+    if s.adaptive_bn and g.calib_samples == 0:
+        raise ConfigError(
+            "SensitivityAnalysis.adaptive_bn re-estimates BatchNorm statistics on calibration images, but "
+            "Global.calib_samples is 0; set it to a positive number (default 1024)."
+        )
+    validate_budget(s)
+    validate_label_free(g, s)
+
+
+def validate_section(s: SensitivityConfig, prefix: str = "SensitivityAnalysis.") -> None:
+    """Check the analysis settings the YAML block and the Python APIs share, naming each key as ``prefix`` + key
+    (the APIs pass ``""``: their arguments carry the bare names); normalises the ratios to sorted ``round(r, 6)``.
+
+    One function for every entry, so ``run.py``, ``analysis_prune`` and NNI's ``SensitivityAnalysis`` accept and
+    refuse the same settings.
+    """
+    s.pruned_ratios = normalise_ratios(s.pruned_ratios, f"{prefix}pruned_ratios")
+    check_target_loss(s.target_loss, f"{prefix}target_loss")
+    check_choice(f"{prefix}criterion", s.criterion, CRITERIA)
     choices = (
         ("metric", METRICS),
         ("metric_mode", METRIC_MODES),
@@ -272,34 +289,23 @@ def validate(config: Config) -> None:
         ("granularity", GRANULARITIES),
     )
     for key, allowed in choices:
-        check_choice(f"SensitivityAnalysis.{key}", getattr(s, key), allowed)
+        check_choice(f"{prefix}{key}", getattr(s, key), allowed)
     check_sampling(
         Sampling(s.precision, s.decision_error, s.decision_precision), s.engine, s.target_loss, s.early_stop_mode,
-        "SensitivityAnalysis.",
+        prefix,
     )  # fmt: skip
     if s.units is not None:
-        check_units(s.units, "SensitivityAnalysis.units")
+        check_units(s.units, f"{prefix}units")
     if s.early_stop_mode is not None:
-        check_choice("SensitivityAnalysis.early_stop_mode", s.early_stop_mode, EARLY_STOP_MODES)
-    early_stop_from(s.early_stop_mode, s.early_stop_value, "SensitivityAnalysis.early_stop_mode")
-    if s.round_to < 1:
-        raise ConfigError(
-            f"SensitivityAnalysis.round_to must be a positive integer (1 = no rounding), got {s.round_to}."
-        )
+        check_choice(f"{prefix}early_stop_mode", s.early_stop_mode, EARLY_STOP_MODES)
+    early_stop_from(s.early_stop_mode, s.early_stop_value, f"{prefix}early_stop_mode")
+    if isinstance(s.round_to, bool) or not isinstance(s.round_to, int) or s.round_to < 1:
+        raise ConfigError(f"{prefix}round_to must be a positive integer (1 = no rounding), got {s.round_to!r}.")
     if s.round_to > 1 and s.granularity == "element":
-        raise ConfigError(
-            "SensitivityAnalysis.round_to rounds channel counts; it does not apply to granularity: element."
-        )
-    if s.adaptive_bn and g.calib_samples == 0:
-        raise ConfigError(
-            "SensitivityAnalysis.adaptive_bn re-estimates BatchNorm statistics on calibration images, but "
-            "Global.calib_samples is 0; set it to a positive number (default 1024)."
-        )
-    validate_budget(s)
-    validate_label_free(g, s)
-    check_granularity(s.granularity, s.criterion, "SensitivityAnalysis.")
+        raise ConfigError(f"{prefix}round_to rounds channel counts; it does not apply to granularity: element.")
+    check_granularity(s.granularity, s.criterion, prefix)
     if not s.analysis_file:
-        raise ConfigError("SensitivityAnalysis.analysis_file must not be empty.")
+        raise ConfigError(f"{prefix}analysis_file must not be empty.")
 
 
 def validate_budget(s: SensitivityConfig) -> None:

@@ -73,11 +73,11 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     """Run one engine on one model in this process and return its measurements."""
     from analysis.config import GlobalConfig, SensitivityConfig
     from analysis.engine.evaluate import evaluate
-    from analysis.engine.run import Selection, run_analysis
     from analysis.engine.settings import AnalysisData, EngineSettings
     from analysis.inputs.data import apply_data_cache, build_eval_loader
     from analysis.inputs.models import build_model
     from analysis.structure.groups import find_prunable
+    from analysis.workflow.analyse import Selection, run_analysis
 
     torch.manual_seed(args.seed)
     start = time.perf_counter()
@@ -167,8 +167,8 @@ def ideal_bound(model: torch.nn.Module, loader: Any, names: list[str], ratios: i
     Each param's changed part (its graph suffix) is run once per batch, unmasked (the same work as a masked run),
     and timed on its own; the frontier it starts from is computed outside the timing.
     """
-    from analysis.engine._partition import GraphRunner
     from analysis.engine.evaluate import evaluate
+    from analysis.engine.partition import GraphRunner
     from analysis.structure.groups import build_dependency_graph, full_group
 
     forward = evaluate(model, loader, progress=False).seconds

@@ -40,17 +40,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if importlib.util.find_spec("analysis") is None:
     sys.path.insert(0, str(REPO_ROOT))
 
-from analysis.cli._job import run_job  # noqa: E402
 from analysis.config import Config, load_config  # noqa: E402
 from analysis.engine.evaluate import evaluate  # noqa: E402
-from analysis.inputs._job import Inputs, build_inputs  # noqa: E402
-from analysis.io._search_log import search_log_path  # noqa: E402
+from analysis.inputs.build import Inputs, build_inputs  # noqa: E402
+from analysis.io.search_log import search_log_path  # noqa: E402
 from analysis.planning.allocate import GroupOptions  # noqa: E402
 from analysis.planning.measured import Scoring, SearchSettings, build_measured_plan  # noqa: E402
 from analysis.planning.plan import Planner, build_plan, open_planner  # noqa: E402
 from analysis.planning.verify import measure_pruned  # noqa: E402
 from analysis.structure.criteria import removal_count  # noqa: E402
 from analysis.structure.groups import all_parameters_require_grad, eval_mode, removal_group  # noqa: E402
+from analysis.workflow.job import run_job  # noqa: E402
 
 Removals = list[tuple[str, list[int]]]
 

@@ -19,11 +19,10 @@ from PIL import Image
 from torch import nn
 
 import analysis.compat.paddleslim
-from analysis import analysis_prune
-from analysis.cli.main import main
+from analysis import analysis_prune, main
 from analysis.engine.reference import EngineReport, Executor
 from analysis.engine.run import AnalysisOutcome
-from analysis.io._fingerprint import json_fingerprint
+from analysis.io.fingerprint import json_fingerprint
 from analysis.io.results import load_sensitivities, load_sidecar
 
 REPO = Path(__file__).resolve().parent.parent

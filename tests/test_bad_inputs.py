@@ -34,10 +34,10 @@ from analysis.inputs.data import (
     rgb_image,
     scan_image_folder,
 )
-from analysis.io._lock import exclusive
-from analysis.io._search_log import SearchLog, search_log_path
+from analysis.io.lock import exclusive
 from analysis.io.ratios_yaml import load_ratios_yaml
 from analysis.io.results import load_sensitivities, load_sidecar
+from analysis.io.search_log import SearchLog, search_log_path
 from analysis.planning.measured import Scoring, SearchSettings, build_measured_plan
 from analysis.planning.plan import Plan
 from analysis.planning.ratios import get_ratios_by_loss

@@ -10,7 +10,6 @@ import torch
 import torchvision
 from torch import nn
 
-from analysis.engine._partition import GraphRunner
 from analysis.engine.batchnorm import (
     Estimation,
     affected_batchnorms,
@@ -21,6 +20,7 @@ from analysis.engine.batchnorm import (
     reestimate,
     reestimated,
 )
+from analysis.engine.partition import GraphRunner
 from analysis.structure.criteria import l1_norm, select_channels
 from analysis.structure.groups import build_dependency_graph, find_prunable, full_group, removal_group
 from analysis.structure.masking import masked, zeroed, zeroed_slices

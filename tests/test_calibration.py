@@ -18,7 +18,7 @@ from PIL import Image
 
 from analysis.config import GlobalConfig, load_config
 from analysis.errors import DataError
-from analysis.inputs._job import build_inputs
+from analysis.inputs.build import build_inputs
 from analysis.inputs.calibration import CalibrationSet, build_calibration_set, resolve_calibration
 from analysis.inputs.data import build_eval_loader, load_image, normalize_batch
 

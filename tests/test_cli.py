@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import analysis.cli._job
-import analysis.cli.main
+import analysis.workflow.job
 from analysis.inputs.models import create_architecture
 from analysis.io.results import load_sensitivities, load_sidecar
 
@@ -202,7 +201,7 @@ def test_internal_bugs_keep_their_traceback(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(analysis.cli._job, "evaluate", broken)
+    monkeypatch.setattr(analysis.workflow.job, "evaluate", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         cli("--config_path", config_file(tmp_path, list_data))
 

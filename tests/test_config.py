@@ -178,3 +178,50 @@ def test_decision_sampling_loads_with_its_target(tmp_path: Path) -> None:
     analysis = {"precision": "decision", "target_loss": 0.02, "decision_precision": 0.004}
     s = load_config(minimal(tmp_path, SensitivityAnalysis=analysis)).SensitivityAnalysis
     assert (s.precision, s.target_loss, s.decision_error, s.decision_precision) == ("decision", 0.02, 0.05, 0.004)
+
+
+# One list of invalid analysis settings, given as YAML keys and as analysis_prune's keyword arguments (the same names).
+# Both entries run the same validation, so each is refused by both with the same sentence (the YAML names the key with
+# its section).
+SHARED_REFUSALS: dict[str, dict[str, object]] = {
+    "empty ratios": {"pruned_ratios": []},
+    "ratio of 1": {"pruned_ratios": [0.5, 1.0]},
+    "ratio that rounds to 0": {"pruned_ratios": [1e-7]},
+    "target_loss above 1": {"target_loss": 1.5},
+    "unknown criterion": {"criterion": "l3_norm"},
+    "unknown metric": {"metric": "top3"},
+    "unknown metric_mode": {"metric_mode": "ratio"},
+    "unknown group_reduction": {"group_reduction": "max"},
+    "unknown engine": {"engine": "turbo"},
+    "unknown granularity": {"granularity": "kernel"},
+    "precision above 1": {"precision": 2},
+    "decision without target_loss": {"precision": "decision"},
+    "decision_precision alone": {"decision_precision": 0.01},
+    "unknown unit kind": {"units": ["conv", "kernels"]},
+    "unknown early_stop_mode": {"early_stop_mode": "never", "early_stop_value": 0.1},
+    "early_stop_value alone": {"early_stop_value": 0.1},
+    "round_to 0": {"round_to": 0},
+    "round_to with element granularity": {"round_to": 8, "granularity": "element"},  # the API used to accept it
+    "ranking criterion with element granularity": {"criterion": "geometry_median", "granularity": "element"},
+}
+
+
+@pytest.mark.parametrize("case", list(SHARED_REFUSALS))
+def test_the_yaml_and_the_python_api_refuse_the_same_settings(case: str, tmp_path: Path) -> None:
+    from analysis import analysis_prune
+
+    from helpers import batches
+    from tiny_models import tiny_cnn
+
+    settings = SHARED_REFUSALS[case]
+    config = write_config(tmp_path / "c.yaml", {
+        "Global": {"arch": "resnet18", "data_dir": str(tmp_path)},
+        "SensitivityAnalysis": {"analysis_file": str(tmp_path / "yaml.pkl"), **settings},
+    })  # fmt: skip
+    with pytest.raises(ConfigError) as from_yaml:
+        load_config(config)
+    with pytest.raises(ConfigError) as from_python:
+        analysis_prune(tiny_cnn(), batches(1), tmp_path / "api.pkl", **settings)  # type: ignore[arg-type]
+    assert str(from_yaml.value).startswith("SensitivityAnalysis.")
+    assert str(from_python.value) == str(from_yaml.value).replace("SensitivityAnalysis.", "")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["c.yaml"]  # refused before anything was written

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from analysis import analysis_prune, find_prunable
-from analysis.cli._plan import PlanResult, format_plan
 from analysis.config import load_config
 from analysis.engine import fast
 from analysis.engine._adaptive import PairedEstimate
@@ -21,12 +20,14 @@ from analysis.engine._decision import Candidate, DecisionRule, ParamDecision, lo
 from analysis.errors import AnalysisFileError, ConfigError
 from analysis.inputs.data import apply_data_cache, build_eval_loader
 from analysis.inputs.models import build_model
-from analysis.io._store import AnalysisStore
 from analysis.io.results import load_sensitivities, load_sidecar
+from analysis.io.store import AnalysisStore
 from analysis.io.tables import export_csv
-from analysis.planning._estimates import estimate_notice
+from analysis.planning.estimates import estimate_notice
 from analysis.planning.plan import build_plan
 from analysis.planning.ratios import get_ratios_by_loss
+from analysis.planning.result import PlanResult
+from analysis.reporting.plan_text import format_plan
 
 import engine_models
 from helpers import REPO, batches, pseudo_labelled, randomize

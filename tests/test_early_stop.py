@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from analysis import analysis_prune
-from analysis.engine._early_stop import EarlyStop
-from analysis.engine._partition import GraphRunner
+from analysis.early_stop import EarlyStop
+from analysis.engine.partition import GraphRunner
 from analysis.io.results import load_sensitivities, load_sidecar
 
 from helpers import analyse_both, batches, pseudo_labelled, randomize, tiny_global, write_config

@@ -10,15 +10,25 @@ import torch
 import torchvision
 from torch import nn
 
-import analysis.engine._partition
+import analysis.engine.partition
 from analysis import analysis_prune
 from analysis.config import load_config
+from analysis.engine.reference import Executor
 from analysis.inputs.data import apply_data_cache, build_eval_loader
 from analysis.inputs.models import build_model
 from analysis.structure.groups import find_prunable
 
 import engine_models
-from helpers import REPO, analyse_both, batches, pseudo_labelled, randomize, variant_metrics
+from helpers import (
+    REPO,
+    analyse_both,
+    analyse_recorded,
+    batches,
+    pseudo_labelled,
+    randomize,
+    variant_executors,
+    variant_metrics,
+)
 
 
 @pytest.mark.parametrize("config_name", ["digits_resnet.yaml", "digits_mobilenet.yaml"])
@@ -56,17 +66,43 @@ def test_untraceable_model_falls_back_to_the_reference_engine(tmp_path: Path, ca
 def test_a_split_that_differs_from_eager_execution_is_not_trusted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = analysis.engine._partition.GraphRunner.run_suffix
+    original = analysis.engine.partition.GraphRunner.run_suffix
 
     def off_by_a_little(self, plan, frontier):  # a wrong graph split: logits off by one ulp-ish amount
         return original(self, plan, frontier) + 1e-6
 
-    monkeypatch.setattr(analysis.engine._partition.GraphRunner, "run_suffix", off_by_a_little)
+    monkeypatch.setattr(analysis.engine.partition.GraphRunner, "run_suffix", off_by_a_little)
     model = randomize(engine_models.slow_cnn(delay=0.0))
     data = pseudo_labelled(model, batches(count=2))
     with caplog.at_level(logging.INFO, logger="analysis"):
         analyse_both(model, data, tmp_path, pruned_ratios=(0.25, 0.5), metric="ce", fast_path=False)
     assert caplog.text.count("the graph split differs from eager execution") == 3
+
+
+def test_a_unit_the_suffix_cannot_run_is_evaluated_eagerly_and_said_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = randomize(engine_models.slow_cnn(delay=0.0))
+    data = pseudo_labelled(model, batches(count=2))
+    first_conv = next(name for name, m in model.named_modules() if isinstance(m, nn.Conv2d))
+    original = analysis.engine.partition.GraphRunner.plan
+
+    def refuse_the_first_conv(self, modules, parameters):  # as for layers that do not reach the output
+        modules = list(modules)
+        return None if model.get_submodule(first_conv) in modules else original(self, modules, parameters)
+
+    monkeypatch.setattr(analysis.engine.partition.GraphRunner, "plan", refuse_the_first_conv)
+    with caplog.at_level(logging.INFO, logger="analysis"):
+        report = analyse_recorded(model, data, tmp_path / "s.pkl", pruned_ratios=(0.25, 0.5), metric="ce")
+    executors = variant_executors(report)
+    eager = {key for key, executor in executors.items() if executor is Executor.EAGER}
+    assert eager == {(f"{first_conv}.weight", 0.25), (f"{first_conv}.weight", 0.5)}
+    assert Executor.FX_SUFFIX in executors.values()  # the other units ran on the suffix
+    lines = [r.getMessage() for r in caplog.records if "evaluated with full forward passes" in r.getMessage()]
+    assert lines == [
+        f"{first_conv}.weight: evaluated with full forward passes (the fast engine's suffix cannot run it: the layers "
+        "it changes do not reach the model's output in the traced graph); the numbers are the same, only slower."
+    ]
 
 
 def test_engine_is_validated(tmp_path: Path) -> None:

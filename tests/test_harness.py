@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.cli.main import main
+from analysis import main
 from helpers import run_cli, tiny_global, write_config, write_images
 
 MODEL = Path(__file__).with_name("signalling.py")

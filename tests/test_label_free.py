@@ -16,9 +16,8 @@ import torch
 from PIL import Image
 
 from analysis.config import GlobalConfig, SensitivityConfig
-from analysis.engine._fidelity import DenseRecorder, Scores
+from analysis.engine.fidelity import DenseRecorder, Scores
 from analysis.engine.loss import check_baseline, relative_loss
-from analysis.engine.run import run_analysis
 from analysis.engine.settings import AnalysisData, EngineSettings
 from analysis.errors import UserError
 from analysis.inputs.calibration import CalibrationSource, read_calibration_samples
@@ -27,6 +26,7 @@ from analysis.io.results import load_sensitivities, load_sidecar
 from analysis.io.tables import export_csv
 from analysis.structure.criteria import l1_norm, select_channels
 from analysis.structure.physical import pruned_copy
+from analysis.workflow.analyse import run_analysis
 
 import tiny_models
 from helpers import CliResult, assert_user_error, randomize, tiny_global, write_config

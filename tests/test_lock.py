@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from analysis.errors import AnalysisFileError
-from analysis.io._lock import exclusive, lock_path
+from analysis.io.lock import exclusive, lock_path
 
 from helpers import CliResult, analysis_config
 

@@ -15,8 +15,8 @@ import yaml
 
 from analysis import analysis_prune
 from analysis.engine.evaluate import evaluate
-from analysis.io._search_log import search_log_path
 from analysis.io.results import load_sidecar
+from analysis.io.search_log import search_log_path
 from analysis.planning._joint import JointEvaluator
 from analysis.planning.measured import Scoring, SearchSettings, build_measured_plan
 from analysis.planning.plan import build_plan, open_planner

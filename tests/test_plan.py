@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from analysis import analysis_prune
+from analysis import analysis_prune, run_plan_step
 from analysis.config import load_config
 from analysis.engine.evaluate import evaluate
 from analysis.errors import UserError
@@ -171,6 +172,40 @@ def test_demo_plan_verified_and_exported(
     again = cli("verify", analysis_file, "--ratios", f"{analysis_file}.plan.yaml", "--no_report")
     assert again.code == 0, again.err  # the config comes from the sidecar
     assert load_sidecar(analysis_file)["plan"]["verification"]["pruned"]["top1"] == verification["pruned"]["top1"]
+
+
+def test_plan_verify_export_from_python_writes_what_the_command_writes(
+    cli: Callable[..., CliResult], tmp_path: Path, list_data: Path
+) -> None:
+    def config(name: str) -> Path:
+        return write_config(tmp_path / f"{name}.yaml", {
+            "Global": tiny_global(list_data),
+            "SensitivityAnalysis": {"analysis_file": str(tmp_path / name / "s.pkl"), "pruned_ratios": [0.25, 0.5],
+                                    "target_macs_reduction": 0.2, "verify": True,
+                                    "export_dir": str(tmp_path / name / "export")},
+        })  # fmt: skip
+
+    assert cli("plan", "--config_path", config("command"), "--no_report").code == 0
+    python = load_config(config("python"))
+    (tmp_path / "python").mkdir()
+    shutil.copyfile(tmp_path / "command" / "s.pkl", tmp_path / "python" / "s.pkl")  # the same analysis
+    shutil.copyfile(tmp_path / "command" / "s.pkl.json", tmp_path / "python" / "s.pkl.json")
+    result = run_plan_step(python, progress=False)
+    assert result.verification is not None and result.exported is not None
+    for name in ("s.pkl.plan.yaml", "export/channel_prune.yaml", "export/pruned_channels.json"):
+        assert (tmp_path / "python" / name).read_bytes() == (tmp_path / "command" / name).read_bytes(), name
+    recorded = {side: load_sidecar(tmp_path / side / "s.pkl")["plan"] for side in ("command", "python")}
+    for side in recorded.values():
+        side.pop("verification")  # it holds latencies and seconds, measured again
+        side.pop("ratios_file")
+        side["exported"] = {kind: Path(path).name for kind, path in side["exported"].items()}
+    assert recorded["python"] == recorded["command"]
+    assert result.plan.ratios == yaml_ratios(tmp_path / "command" / "s.pkl.plan.yaml")
+
+
+def yaml_ratios(path: Path) -> dict[str, float]:
+    block = yaml.safe_load(path.read_text())["ChannelPrune"]
+    return dict(zip(block["prune_params_name"], block["pruned_ratio"], strict=True))
 
 
 def test_plan_cli_errors(cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -40,8 +40,8 @@ from hypothesis import strategies as st
 from analysis.config import Config, GlobalConfig, SensitivityConfig, config_from_data, load_config, printable
 from analysis.errors import AnalysisFileError, ConfigError, DataError, UserError
 from analysis.inputs.data import read_sample_list
-from analysis.io._search_log import SearchLog, search_log_path
 from analysis.io.ratios_yaml import channel_prune_yaml, load_ratios_yaml
+from analysis.io.search_log import SearchLog, search_log_path
 
 from helpers import (
     RATIOS_HEAD,

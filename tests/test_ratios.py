@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from analysis.io.ratios_yaml import channel_prune_yaml, save_ratios_yaml
-from analysis.planning.ratios import explain_target_loss, get_ratios_by_loss
+from analysis.planning.ratios import get_ratios_by_loss
+from analysis.text import explain_target_loss
 
 # --------------------------------------------------------------------------------------------- get_ratios_by_loss
 

@@ -91,7 +91,7 @@ def test_interrupted_run_saves_says_how_to_resume_and_exits(
 
 KILLING_RUNNER = """
 import os, signal, sys
-from analysis.cli import main
+from analysis import main
 kill_at, calls, replace = int(sys.argv[1]), [0], os.replace
 def replace_or_die(source, target):
     calls[0] += 1

@@ -8,7 +8,7 @@ import pytest
 
 from analysis.errors import ConfigError
 from analysis.io.results import load_sensitivities, load_sidecar
-from analysis.scale._shards import ShardSpec, assign, downstream_macs
+from analysis.scale.shards import ShardSpec, assign, downstream_macs
 
 from helpers import CliResult, analysis_config, assert_user_error
 

@@ -15,7 +15,6 @@ from torch import nn
 from analysis.compat.paddleslim import analysis_prune
 from analysis.errors import AnalysisFileError
 from analysis.io import sidecar as schema
-from analysis.io._store import AnalysisStore, Fingerprint
 from analysis.io.results import load_sensitivities, save_sensitivities, sidecar_path
 from analysis.io.sidecar import (
     EarlyStopRecord,
@@ -26,6 +25,7 @@ from analysis.io.sidecar import (
     VariantRecord,
     variant_key,
 )
+from analysis.io.store import AnalysisStore, Fingerprint
 from analysis.io.tables import export_csv
 
 # A sidecar as the demo (digits_mobilenet, tool 0.1.0) wrote it after a measured plan, cut down to two params,

@@ -12,7 +12,7 @@ import yaml
 
 from analysis.engine.reference import EngineReport
 from analysis.engine.run import AnalysisOutcome
-from analysis.reporting._summary import format_table
+from analysis.reporting.summary import format_table
 from analysis.structure.groups import PrunableParam
 
 TINY_MODELS = Path(__file__).resolve().parent / "tiny_models.py"

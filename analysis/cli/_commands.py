@@ -17,12 +17,12 @@ from analysis.compat.topology import dependency_csv, dependency_sets, not_safe_t
 from analysis.config import check_target_loss, load_config
 from analysis.errors import AnalysisFileError
 from analysis.inputs.models import build_model
-from analysis.io._lock import exclusive
 from analysis.io.atomic import atomic_write_text, writable_folder
+from analysis.io.lock import exclusive
 from analysis.io.outputs import check_output_file, check_output_folder
 from analysis.io.results import sidecar_path
 from analysis.io.tables import CSV_STYLES, csv_path, export_csv
-from analysis.scale._shards import merge_files
+from analysis.scale.shards import merge_files
 
 logger = logging.getLogger(__name__)
 

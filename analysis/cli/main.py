@@ -18,22 +18,20 @@ from pathlib import Path
 from analysis import __version__
 from analysis.cli._commands import SUBCOMMANDS, write_reports
 from analysis.cli._exit import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USER_ERROR
-from analysis.cli._job import run_job
 from analysis.cli._logs import setup_logging
 from analysis.cli._parser import CommandParser
-from analysis.cli._plan import PLAN_COMMANDS, format_plan, run_plan_step, wants_plan_step
+from analysis.cli._plan import PLAN_COMMANDS
 from analysis.config import Config, describe, load_config
 from analysis.engine.loss import format_metrics
-from analysis.engine.run import AnalysisOutcome, derive_ratios
+from analysis.engine.run import AnalysisOutcome
 from analysis.errors import ConfigError, UserCodeError, UserError
-from analysis.inputs._job import build_inputs, needs_calibration
+from analysis.inputs.build import build_inputs, needs_calibration
 from analysis.inputs.device import resolve_device
-from analysis.io._lock import check_unlocked
+from analysis.io.lock import check_unlocked
 from analysis.io.outputs import check_config_outputs
 from analysis.io.results import sidecar_path
-from analysis.planning.ratios import explain_target_loss
-from analysis.reporting._summary import format_table
-from analysis.scale._shards import ShardSpec
+from analysis.reporting.plan_text import format_plan
+from analysis.reporting.summary import format_table
 from analysis.scale.distributed import (
     Rank,
     fold_local_shards,
@@ -42,6 +40,11 @@ from analysis.scale.distributed import (
     rank_device,
     run_ranks,
 )
+from analysis.scale.shards import ShardSpec
+from analysis.text import explain_target_loss
+from analysis.workflow.analyse import derive_ratios
+from analysis.workflow.job import run_job
+from analysis.workflow.plan import run_plan_step, wants_plan_step
 
 logger = logging.getLogger("analysis")
 

@@ -29,8 +29,7 @@ import torch
 from torch import nn
 
 from analysis.config import RATIO_DECIMALS, SensitivityConfig, normalise_ratios
-from analysis.engine._early_stop import EarlyStop, early_stop_from
-from analysis.engine.run import Selection, run_analysis
+from analysis.early_stop import EarlyStop, early_stop_from
 from analysis.engine.settings import AnalysisData, EngineSettings
 from analysis.errors import ConfigError, did_you_mean
 from analysis.io import sidecar as schema
@@ -39,6 +38,7 @@ from analysis.io.sidecar import Sidecar, VariantRecord
 from analysis.structure.criteria import CRITERIA, lowest_channels
 from analysis.structure.elementwise import ELEMENT_DIMS, element_slices, magnitude_order
 from analysis.structure.masking import zeroed
+from analysis.workflow.analyse import Selection, run_analysis
 
 logger = logging.getLogger(__name__)
 

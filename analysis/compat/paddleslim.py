@@ -10,28 +10,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from analysis.config import (
-    CRITERIA,
-    ENGINES,
-    GROUP_REDUCTIONS,
-    METRIC_MODES,
-    METRICS,
-    Sampling,
-    SensitivityConfig,
-    check_choice,
-    check_granularity,
-    check_sampling,
-    check_units,
-    normalise_ratios,
-)
-from analysis.engine._early_stop import early_stop_from
+from analysis.config import SensitivityConfig, validate_section
+from analysis.early_stop import early_stop_from
 from analysis.engine.evaluate import evaluate
-from analysis.engine.run import Selection, run_analysis
 from analysis.engine.settings import AnalysisData, EngineSettings
 from analysis.errors import ConfigError
 from analysis.inputs.device import model_device
-from analysis.io._fingerprint import json_fingerprint
-from analysis.planning.ratios import explain_target_loss
+from analysis.io.fingerprint import json_fingerprint
+from analysis.text import explain_target_loss
+from analysis.workflow.analyse import Selection, run_analysis
 
 logger = logging.getLogger(__name__)
 
@@ -116,29 +103,27 @@ def analysis_prune(
     Raises:
         ConfigError: For invalid arguments (unknown criterion or metric, ratios outside (0, 1), unknown params).
     """
-    ratios = normalise_ratios(pruned_ratios, "pruned_ratios")
-    check_choice("criterion", criterion, CRITERIA)
-    check_choice("group_reduction", group_reduction, GROUP_REDUCTIONS)
-    check_choice("metric_mode", metric_mode, METRIC_MODES)
-    check_choice("engine", engine, ENGINES)
-    check_granularity(granularity, criterion)
-    if units is not None:
-        check_units(units, "units")
-    elif granularity == "filter":
+    section = SensitivityConfig(
+        analysis_file=str(analysis_file), pruned_ratios=list(pruned_ratios), target_loss=target_loss,
+        criterion=criterion, prune_params_name=None if prune_params is None else list(prune_params), metric=metric,
+        metric_mode=metric_mode, group_reduction=group_reduction, engine=engine, precision=precision,
+        decision_error=decision_error, decision_precision=decision_precision, granularity=granularity,
+        units=None if units is None else list(units), early_stop_mode=early_stop_mode,
+        early_stop_value=early_stop_value, adaptive_bn=adaptive_bn, round_to=round_to,
+    )  # fmt: skip
+    validate_section(section, prefix="")  # the YAML's own checks: both entries refuse the same settings
+    ratios = section.pruned_ratios
+    if units is None and granularity == "filter":
         units = ("conv",)
     early_stop = early_stop_from(early_stop_mode, early_stop_value)
-    if not isinstance(round_to, int) or round_to < 1:
-        raise ConfigError(f"round_to must be a positive integer (1 = no rounding), got {round_to!r}.")
     if adaptive_bn and calibration is None:
         raise ConfigError("adaptive_bn=True needs calibration batches: pass calibration=<batches of training images>.")
-    check_sampling(Sampling(precision, decision_error, decision_precision), engine, target_loss, early_stop_mode)
     device = model_device(model)
     if callable(data):
         if example_input is None:
             raise ConfigError("example_input is required when data is an eval function (it is used for tracing).")
         evaluate_model, metric, fingerprint, batches = _function_evaluator(data), "score", None, None
     else:
-        check_choice("metric", metric, METRICS)
         batches = data
 
         def evaluate_model(candidate: nn.Module) -> dict[str, float]:
@@ -150,12 +135,8 @@ def analysis_prune(
         first_images, first_labels = first
         example_input = first_images if example_input is None else example_input
         fingerprint = _batch_fingerprint(first_images, first_labels)
-    section = SensitivityConfig(
-        pruned_ratios=ratios, criterion=criterion, group_reduction=group_reduction, metric=metric,
-        metric_mode=metric_mode, engine=engine, precision=precision, granularity=granularity, round_to=round_to,
-        adaptive_bn=adaptive_bn, target_loss=target_loss, decision_error=decision_error,
-        decision_precision=decision_precision,
-    )  # fmt: skip
+    if callable(data):
+        section.metric = metric  # the eval function's score
     settings = EngineSettings.from_section(section, seed=seed, progress=progress, early_stop=early_stop)
     calibration_fingerprint = None
     if adaptive_bn:

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from analysis._progress import progress_disabled
 from analysis.errors import UserError
+from analysis.progress import progress_disabled
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Per batch, the unmodified model runs once (as a torch.fx graph) just far enough to produce every analysed param's
 frontier; each (param, ratio) variant then runs only the part of the graph its removal can change (see
-:mod:`analysis.engine._partition`). Params are processed in chunks of a few minutes of work, each chunk one pass
+:mod:`analysis.engine.partition`). Params are processed in chunks of a few minutes of work, each chunk one pass
 over the (cached) data, and every chunk's results are saved before the next starts. Before that, every param's split
 is run on a few images and compared with a full masked forward pass; a param whose logits are not bit-identical
 (the graph split would not reproduce eager execution) is evaluated by the reference path instead.
@@ -22,11 +22,11 @@ from tqdm.auto import tqdm
 
 from analysis.engine._adaptive import CONTINUOUS_METRICS, Z_95, PairedEstimate, per_sample
 from analysis.engine._decision import Candidate, DecisionRule, ParamDecision
-from analysis.engine._fidelity import IndexedBatch, Scores, indexed_batches, per_image_fidelity
-from analysis.engine._partition import GraphRunner, NodeValues, Schedule, SuffixPlan, UntraceableModel
 from analysis.engine._variants import Prepared
 from analysis.engine.batchnorm import Estimation, batch_images, count_images
+from analysis.engine.fidelity import IndexedBatch, Scores, indexed_batches, per_image_fidelity
 from analysis.engine.loss import LOWER_IS_BETTER, divides_by_baseline, relative_loss, without_timing
+from analysis.engine.partition import GraphRunner, NodeValues, Schedule, SuffixPlan, UntraceableModel
 from analysis.engine.reference import EngineReport, Executor, RunState, SensitivityEngine
 from analysis.engine.settings import Metrics
 from analysis.structure.groups import PrunableParam
@@ -158,6 +158,17 @@ class FastSensitivityEngine(SensitivityEngine):
             return None
         plan = self.runner.plan(*self.changed_layers(prepared))
         if plan is None or not self.runner.runs_all(plan, prepared.batchnorms):
+            why = (
+                "the layers it changes do not reach the model's output in the traced graph"
+                if plan is None
+                else "a BatchNorm layer whose statistics it re-estimates runs outside the traced suffix"
+            )
+            logger.info(
+                "%s: evaluated with full forward passes (the fast engine's suffix cannot run it: %s); the numbers "
+                "are the same, only slower.",
+                prepared.param.name,
+                why,
+            )
             self.evaluate_ratios(prepared, ratios, state)
             return None
         variants: list[Variant] = []

@@ -20,11 +20,9 @@ from torch import nn
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from analysis._progress import progress_disabled
 from analysis.config import LABEL_FREE_METRICS
 from analysis.engine._adaptive import PairedEstimate, per_sample
 from analysis.engine._early_stop import StopLedger
-from analysis.engine._fidelity import DenseOutputs, IndexedBatch, Scoring, image_count, indexed_batches
 from analysis.engine._modes import MaskCheck
 from analysis.engine._variants import Prepared, changed_layers, prepare_elements, variant_slices
 from analysis.engine.batchnorm import (
@@ -36,11 +34,13 @@ from analysis.engine.batchnorm import (
     reestimated,
 )
 from analysis.engine.evaluate import MetricSums
+from analysis.engine.fidelity import DenseOutputs, IndexedBatch, Scoring, image_count, indexed_batches
 from analysis.engine.loss import check_baseline, check_finite, format_metrics, relative_loss, without_timing
 from analysis.engine.settings import AnalysisData, EngineSettings, Metrics
 from analysis.errors import UserError
-from analysis.io._store import AnalysisStore
 from analysis.io.sidecar import ParamRecord, VariantRecord
+from analysis.io.store import AnalysisStore
+from analysis.progress import progress_disabled
 from analysis.structure.criteria import channel_scores, select_channels
 from analysis.structure.flops import CostModel, summarise
 from analysis.structure.groups import PrunableParam, full_group

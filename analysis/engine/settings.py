@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from analysis.config import Sampling, SensitivityConfig
-from analysis.engine._early_stop import EarlyStop, early_stop_from
+from analysis.early_stop import EarlyStop, early_stop_from
 
 Metrics = dict[str, float]
 Evaluator = Callable[[nn.Module], Metrics]
@@ -27,7 +27,7 @@ Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
 class DecisionSettings:
     """Decision-driven sampling (``precision: decision``): the target each variant is settled against, the chance
     that any decision of the run is wrong, and how many variants that chance is split over (every variant of the
-    analysis, set by :func:`analysis.engine.run.run_analysis` before sharding; 0 until then)."""
+    analysis, set by :func:`analysis.workflow.analyse.run_analysis` before sharding; 0 until then)."""
 
     target: float
     error: float

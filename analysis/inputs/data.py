@@ -38,10 +38,10 @@ from torchvision.transforms.functional import convert_image_dtype
 from torchvision.transforms.v2 import functional as TF
 from tqdm.auto import tqdm
 
-from analysis._progress import progress_disabled
 from analysis.config import DEFAULT_MAX_IMAGE_PIXELS, GlobalConfig, printable
 from analysis.errors import ConfigError, DataError
-from analysis.io._fingerprint import json_fingerprint
+from analysis.io.fingerprint import json_fingerprint
+from analysis.progress import progress_disabled
 
 logger = logging.getLogger(__name__)
 

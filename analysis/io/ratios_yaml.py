@@ -15,7 +15,7 @@ import yaml
 from analysis.config import RATIO_DECIMALS, UNHOLDABLE, UniqueKeyLoader, printable, unholdable, yaml_problem
 from analysis.errors import AnalysisFileError, did_you_mean, first_line
 from analysis.io.atomic import atomic_write_text
-from analysis.planning.ratios import explain_target_loss
+from analysis.text import explain_target_loss
 
 P = ParamSpec("P")
 _BLOCK, _NAMES, _RATIOS = "ChannelPrune", "prune_params_name", "pruned_ratio"

@@ -9,7 +9,7 @@ change on calibration images (:mod:`analysis.engine.batchnorm`), evaluates, and 
 A search evaluates plans that differ from its current plan in two groups. Everything before the first layer those
 groups touch computes exactly what it computed for the current plan (same weights, same inputs, the same
 re-estimated statistics, which depend only on their inputs), so the evaluator keeps the current plan's values at
-the graph's cut points (nodes every path runs through, :meth:`~analysis.engine._partition.GraphRunner.cut_points`) for
+the graph's cut points (nodes every path runs through, :meth:`~analysis.engine.partition.GraphRunner.cut_points`) for
 every calibration and scoring batch, within a memory budget, and runs a candidate from the latest cut point before
 its first change. The numbers are bit-identical to a full run (tested). Removal slices, affected layers and exact
 joint costs are cached per (group, channel count).
@@ -27,7 +27,6 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from analysis.engine._partition import GraphRunner, UntraceableModel
 from analysis.engine.batchnorm import (
     batch_images,
     changed_sources,
@@ -38,6 +37,8 @@ from analysis.engine.batchnorm import (
     reestimated,
 )
 from analysis.engine.evaluate import MetricSums, evaluate
+from analysis.engine.partition import GraphRunner, UntraceableModel
+from analysis.io.search_log import JointScore, Pick
 from analysis.structure.flops import Cost
 from analysis.structure.groups import full_group, removal_group
 from analysis.structure.masking import zeroed, zeroed_slices
@@ -48,23 +49,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Pick = tuple[str, int]
-"""How one group is pruned: the member whose criterion ranks the channels, and how many channels it removes."""
 Selection = Mapping[str, Pick]
 """A plan as the search sees it: group key (its first member) -> pick (count 0: not pruned)."""
 Batches = Sequence[Any]
 
 PREFIX_CACHE_BYTES = 2 * 1024**3  # activations kept per plan (the current plan and the last one measured)
-
-
-@dataclass(frozen=True)
-class JointScore:
-    """What one joint evaluation measured: the metrics of the jointly pruned model and its exact cost."""
-
-    metrics: dict[str, float]
-    macs: int
-    params: int
-    seconds: float
 
 
 @dataclass

@@ -20,7 +20,7 @@ joint evaluations (every group pruned at once, BatchNorm statistics re-estimated
    measured again with every calibration image; the best top1 (cross-entropy breaks ties) wins. The knapsack plan
    is always a finalist, so the result never measures below it.
 
-Every evaluation is appended to the search log as it finishes (:mod:`analysis.io._search_log`, under the analysis
+Every evaluation is appended to the search log as it finishes (:mod:`analysis.io.search_log`, under the analysis
 file's lock). The search is deterministic, so a run that was killed retraces its steps and takes every evaluation
 it already made from the log: a resumed search evaluates only what is missing and ends with the same plan.
 """
@@ -39,20 +39,20 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from analysis._progress import progress_disabled
 from analysis.engine.loss import relative_loss
 from analysis.errors import UserError
 from analysis.inputs.data import EvalLoader
 from analysis.io import sidecar as schema
-from analysis.io._fingerprint import json_fingerprint
-from analysis.io._lock import exclusive
-from analysis.io._search_log import Encoded, Picks, SearchLog
+from analysis.io.fingerprint import json_fingerprint
+from analysis.io.lock import exclusive
 from analysis.io.results import load_sensitivities
+from analysis.io.search_log import Encoded, JointScore, Picks, SearchLog
 from analysis.io.sidecar import Sidecar
-from analysis.planning._joint import JointEvaluator, JointScore
+from analysis.planning._joint import JointEvaluator
 from analysis.planning._trades import TradePicker
 from analysis.planning.allocate import Choice, GroupOptions
 from analysis.planning.plan import Plan, Planner, open_planner
+from analysis.progress import progress_disabled
 from analysis.structure.groups import eval_mode
 
 logger = logging.getLogger(__name__)

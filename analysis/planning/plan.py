@@ -26,7 +26,7 @@ from torch import nn
 from analysis.engine.loss import divides_by_baseline
 from analysis.errors import AnalysisFileError, UserError, did_you_mean
 from analysis.io import sidecar as schema
-from analysis.io._fingerprint import model_fingerprint
+from analysis.io.fingerprint import model_fingerprint
 from analysis.io.results import load_sensitivities, sidecar_path
 from analysis.io.sidecar import CostRecord, PlanGroupRecord, PlanRecord
 from analysis.planning._curves import interpolate, monotone_curve

@@ -11,8 +11,6 @@ import logging
 import math
 from collections.abc import Mapping
 
-from analysis.reporting._format import percent
-
 logger = logging.getLogger(__name__)
 
 
@@ -58,15 +56,3 @@ def _ratio_for(points: list[tuple[float, float]], target: float) -> float:
             r1, l1 = points[index + 1]
             return r0 + (target - l0) * (r1 - r0) / (l1 - l0)
     return 0.0
-
-
-def explain_target_loss(loss: float) -> str:
-    """Return one line saying what ``target_loss`` means, for logs and the ratios YAML header."""
-    within = percent(loss, ".4g")
-    return (
-        f"target_loss {loss:g}: each layer gets the largest ratio whose own measured loss stays <= {within} "
-        "when it alone is pruned; losses of several pruned layers are not additive, so verify the combined model."
-    )
-
-
-# ------------------------------------------------------------------------------------------ budget allocation

@@ -1,34 +1,8 @@
-"""Number and loss formatting shared by the report, the terminal table and the ratios YAML (``-`` for a missing
-value)."""
+"""How a loss reads in the report and the terminal table (the number formats are :mod:`analysis.text`)."""
 
 from __future__ import annotations
 
 from analysis.engine.loss import LOWER_IS_BETTER
-
-
-def fixed(value: float | None, spec: str = ".4f") -> str:
-    """``value`` formatted with ``spec`` (``0.9867``)."""
-    return "-" if value is None else format(value, spec)
-
-
-def percent(fraction: float | None, spec: str = ".2f") -> str:
-    """A fraction as a percentage: ``0.4`` -> ``40.00%``; with a ``g`` spec a whole number keeps one decimal
-    (``0.02`` -> ``2.0%``)."""
-    if fraction is None:
-        return "-"
-    text = format(100.0 * fraction, spec)
-    return f"{text}.0%" if text.lstrip("-").isdigit() else f"{text}%"
-
-
-def count(value: float | None) -> str:
-    """A count with a unit and its exact value: ``1.8M (1,803,600)``, ``512``."""
-    if value is None:
-        return "-"
-    number = float(value)
-    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(number) >= limit:
-            return f"{number / limit:.3g}{suffix} ({int(number):,})"
-    return f"{int(number):,}"
 
 
 def loss_difference(metric: str) -> str:

@@ -31,8 +31,8 @@ from analysis.io.sidecar import (
     VariantRecord,
     VerificationRecord,
 )
-from analysis.planning.ratios import explain_target_loss, get_ratios_by_loss
-from analysis.reporting._format import LABEL_FREE_LOSSES, count, fixed, loss_difference, percent
+from analysis.planning.ratios import get_ratios_by_loss
+from analysis.reporting._format import LABEL_FREE_LOSSES, loss_difference
 from analysis.reporting.plots import (
     LINES_PER_PANEL,
     analysed_ratios,
@@ -44,6 +44,7 @@ from analysis.reporting.plots import (
     png_size,
     resolve_ratio,
 )
+from analysis.text import count, explain_target_loss, fixed, percent
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ ended by a collective that also carries errors, so that one rank's bad input sto
 1. Rank 0 folds shards that an earlier, interrupted run left behind (sent by every rank, so shards on other
    machines' local disks count too) into the analysis file, and measures or reuses the baseline.
 2. Every rank copies that file to its shard ``<stem>.rank<R>.pkl`` and analyses its deterministic share of the
-   convs (balanced by estimated cost, see :mod:`analysis.scale._shards`), saving the shard atomically after every unit.
+   convs (balanced by estimated cost, see :mod:`analysis.scale.shards`), saving the shard atomically after every unit.
    Rank 0 shows one progress bar for the whole job by watching the shard files.
 3. Every rank sends its shard to rank 0, which merges them into the analysis file (byte-identical to a one-process
    run) and writes the ratios and reports; then the shards are removed.
@@ -33,10 +33,10 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from analysis.errors import UserError
-from analysis.io._lock import exclusive
 from analysis.io.atomic import atomic_write_bytes
+from analysis.io.lock import exclusive
 from analysis.io.results import Sensitivities, load_sensitivities, sidecar_path
-from analysis.scale._shards import ShardSpec, load_analysis_file, merge_loaded
+from analysis.scale.shards import ShardSpec, load_analysis_file, merge_loaded
 
 logger = logging.getLogger(__name__)
 

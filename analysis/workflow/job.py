@@ -13,11 +13,12 @@ import torch
 
 from analysis.config import Config
 from analysis.engine.evaluate import evaluate
-from analysis.engine.run import AnalysisOutcome, Selection, run_analysis
+from analysis.engine.run import AnalysisOutcome
 from analysis.engine.settings import AnalysisData, EngineSettings
 from analysis.errors import ConfigError
-from analysis.inputs._job import Inputs, build_inputs, needs_calibration
-from analysis.scale._shards import ShardSpec
+from analysis.inputs.build import Inputs, build_inputs, needs_calibration
+from analysis.scale.shards import ShardSpec
+from analysis.workflow.analyse import Selection, run_analysis
 
 
 def run_job(

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from analysis.errors import AnalysisFileError, ConfigError
 from analysis.io import sidecar as schema
-from analysis.io._store import AnalysisStore, Fingerprint
 from analysis.io.results import Sensitivities, load_sensitivities
 from analysis.io.sidecar import Sidecar
+from analysis.io.store import AnalysisStore, Fingerprint
 from analysis.structure.groups import PrunableParam
 
 logger = logging.getLogger(__name__)

@@ -182,7 +182,7 @@ class AnalysisStore:
         assert unprunable is not None  # set in __init__
         unprunable[name] = reason
 
-    # Early stops (kept by analysis.engine._early_stop.StopLedger)
+    # Early stops (kept by the engine's StopLedger)
     def mark_early_stop(self, name: str, ratio: float, condition: str) -> None:
         """Record that ``name`` stopped at ``ratio`` under ``condition``."""
         self._param(name).early_stop = EarlyStopRecord(ratio=ratio, condition=condition)

@@ -19,15 +19,26 @@ from typing import Any
 
 from analysis.errors import AnalysisFileError
 from analysis.io import sidecar as schema
-from analysis.io._fingerprint import json_fingerprint
+from analysis.io.fingerprint import json_fingerprint
 from analysis.io.sidecar import Sidecar
-from analysis.planning._joint import JointScore, Pick
 
 logger = logging.getLogger(__name__)
 
+Pick = tuple[str, int]
+"""How one group is pruned: the member whose criterion ranks the channels, and how many channels it removes."""
 Picks = dict[str, Pick]  # group key -> (ranking param, channels removed)
 Encoded = tuple[tuple[str, str, int], ...]  # a plan as the log stores it: (group key, ranking param, count), sorted
 REQUIRED_METRICS = ("top1", "ce")  # what the search compares plans by
+
+
+@dataclass(frozen=True)
+class JointScore:
+    """What one joint evaluation measured: the metrics of the jointly pruned model and its exact cost."""
+
+    metrics: dict[str, float]
+    macs: int
+    params: int
+    seconds: float
 
 
 class DamagedRecord(ValueError):

@@ -1,0 +1,212 @@
+"""The plan step: from an analysis file to a budget plan (or the ratios of a YAML), its joint verification, the
+BatchNorm statistics re-estimated for the export, the exported pruned model, and the plan recorded in the sidecar.
+
+Run by ``run.py plan`` and ``run.py verify``, and after the main job when the config sets a budget, ``verify`` or
+``export_dir``; callable from Python as :func:`run_plan_step` with a loaded config and its inputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from analysis.config import LABEL_FREE_METRICS, Config
+from analysis.engine.batchnorm import recalibrate_copy
+from analysis.engine.evaluate import evaluate
+from analysis.engine.fidelity import Scoring as MetricScoring
+from analysis.engine.fidelity import fidelity_evaluator
+from analysis.errors import AnalysisFileError, ConfigError
+from analysis.inputs.build import Inputs, build_inputs, needs_calibration
+from analysis.io import sidecar as schema
+from analysis.io.lock import exclusive
+from analysis.io.ratios_yaml import load_ratios_yaml, save_ratios_yaml
+from analysis.io.results import ratios_path
+from analysis.io.sidecar import Sidecar
+from analysis.planning.estimates import estimate_notice
+from analysis.planning.export import export_pruned
+from analysis.planning.measured import Scoring, SearchSettings, build_measured_plan
+from analysis.planning.plan import build_plan, plan_from_ratios
+from analysis.planning.result import PlanResult
+from analysis.planning.verify import CalibrationCheck, check_calibration, verify_plan
+from analysis.structure.physical import jointly_pruned_copy
+
+logger = logging.getLogger(__name__)
+
+PLAN_YAML_SUFFIX = ".plan.yaml"
+EXPORTED_YAML = "channel_prune.yaml"
+
+
+def plan_path(analysis_file: str | Path) -> Path:
+    """``<analysis_file>.plan.yaml``: the budget plan as an ACT ``ChannelPrune`` block."""
+    return Path(f"{analysis_file}{PLAN_YAML_SUFFIX}")
+
+
+def budget(config: Config) -> tuple[str, float] | None:
+    """``(measure, target)`` of the config's budget, or None."""
+    s = config.SensitivityAnalysis
+    if s.target_macs_reduction is not None:
+        return "macs", s.target_macs_reduction
+    if s.target_params_reduction is not None:
+        return "params", s.target_params_reduction
+    return None
+
+
+def wants_plan_step(config: Config) -> bool:
+    """Whether the main job goes on to a plan (a budget, ``verify`` or ``export_dir`` is set)."""
+    s = config.SensitivityAnalysis
+    return budget(config) is not None or s.verify or s.export_dir is not None
+
+
+def run_plan_step(
+    config: Config,
+    inputs: Inputs | None = None,
+    progress: bool | None = None,
+    ratios_file: str | Path | None = None,
+) -> PlanResult:
+    """Plan (the config's budget, else the given or the ``target_loss`` ratios), then verify and export if asked.
+
+    The plan and its verification are added to the sidecar (under the analysis file's lock), so the report shows
+    them; the budget plan's ratios go to ``<analysis_file>.plan.yaml``. From Python::
+
+        config = load_config("configs/digits_resnet.yaml", ["SensitivityAnalysis.target_macs_reduction=0.4",
+                                                             "SensitivityAnalysis.verify=true"])
+        result = run_plan_step(config)  # result.plan.ratios, result.verification, result.exported
+
+    Args:
+        config: A loaded config whose analysis file exists (run the analysis first).
+        inputs: The model and data built from ``config`` (built here when not given).
+        progress: Progress bars (None: when stderr is a terminal).
+        ratios_file: Apply this ratios YAML instead of planning a budget (``run.py verify --ratios``).
+    """
+    s = config.SensitivityAnalysis
+    assert s.analysis_file is not None
+    if not Path(s.analysis_file).is_file():
+        raise AnalysisFileError(f"Analysis file {s.analysis_file} does not exist; run the analysis first.")
+    inputs = inputs or build_inputs(config, progress, calibration=needs_calibration(config))
+    analysis_file = Path(s.analysis_file)
+    model, example = inputs.model, inputs.example_input
+    target = budget(config)
+    if ratios_file is None and target is not None:
+        measure, value = target
+        if s.plan_method == "measured":
+            search = SearchSettings(evaluations=s.eval_budget, seed=config.Global.seed)
+            plan = build_measured_plan(
+                model,
+                example,
+                analysis_file,
+                value,
+                _scoring(inputs, search, config.Global.seed),
+                measure,
+                search,
+                progress,
+            )
+            how = f"the best measured plan (loss {plan.predicted_loss:.4f} measured with all groups pruned at once)"
+        else:
+            plan = build_plan(model, example, analysis_file, value, measure)
+            how = f"the smallest summed predicted loss ({plan.predicted_loss:.4f})"
+        source = plan_path(analysis_file)
+        note = (
+            f"Budget plan: {measure} reduced by >= {value:g} (exactly {plan.reduction:.4f}) with {how}; coupled "
+            "params share their group's ratio."
+        )
+        save_ratios_yaml(source, plan.ratios, list(plan.ratios), plan.settings["criterion"], note=note)
+        result = PlanResult(plan, source)
+    else:
+        source = Path(ratios_file) if ratios_file is not None else ratios_path(analysis_file)
+        if ratios_file is None and not source.exists():
+            raise ConfigError(f"No ratios to apply: {source} does not exist; set a budget or target_loss first.")
+        plan = plan_from_ratios(model, example, analysis_file, load_ratios_yaml(source), source=str(source))
+        result = PlanResult(plan, None)
+    result.estimates = estimate_notice(analysis_file)
+    pruned, batchnorm = None, None
+    if s.verify:
+        baseline, evaluator = _evaluation(config, inputs, analysis_file, progress)
+        pruned, result.verification = verify_plan(
+            model, plan, evaluator, example, baseline, calibration=inputs.calibration
+        )  # fmt: skip
+        recalibrated = result.verification.recalibrated
+        if recalibrated is not None:
+            batchnorm = _batchnorm_note(recalibrated.layers, recalibrated.calibration, result.calibration_check)
+    if s.export_dir is not None:
+        if pruned is None:
+            pruned = jointly_pruned_copy(model, plan.removals(), example)
+            if inputs.calibration is not None:
+                stats = recalibrate_copy(model, pruned, plan.removals(), example, inputs.calibration.loader)
+                if stats.layers:  # the exported statistics get deployed: check their calibration images as verify does
+                    baseline, evaluator = _evaluation(config, inputs, analysis_file, progress)
+                    result.export_check = check_calibration(model, stats.layers, evaluator, baseline,
+                                                            inputs.calibration)  # fmt: skip
+                batchnorm = _batchnorm_note(stats.layers, inputs.calibration.as_dict(), result.export_check)
+        extra = {
+            "plan": plan.as_dict(),
+            "arch": config.Global.arch,
+            "arch_kwargs": config.Global.arch_kwargs,
+            "batchnorm": batchnorm or {"reestimated": False, "why": "no calibration images (Global.calib_list)"},
+        }
+        result.exported = export_pruned(pruned, model, s.export_dir, extra)
+        shutil.copyfile(source, Path(s.export_dir) / EXPORTED_YAML)
+        result.exported["ratios"] = Path(s.export_dir) / EXPORTED_YAML
+    _record(analysis_file, result)
+    return result
+
+
+def _scoring(inputs: Inputs, search: SearchSettings, seed: int) -> Scoring:
+    """The measured method scores plans on the evaluation data, re-estimating BatchNorm on the calibration images."""
+    calibration = inputs.calibration.loader if inputs.calibration is not None else None
+    return Scoring.from_loaders(inputs.loader, calibration, search.calibration_images, seed)
+
+
+def _batchnorm_note(layers: list[str], calibration: dict[str, Any], check: CalibrationCheck | None) -> dict[str, Any]:
+    """What ``pruned_channels.json`` says about the exported BatchNorm statistics, with the calibration check."""
+    note: dict[str, Any] = {"reestimated": True, "layers": layers, "calibration": calibration}
+    if check is not None:
+        note["reliable"] = check.reliable
+        note["calibration_check"] = check.record().to_json()
+        warning = check.warning()
+        if warning is not None:
+            note["warning"] = warning
+    return note
+
+
+def _evaluation(
+    config: Config, inputs: Inputs, analysis_file: Path, progress: bool | None
+) -> tuple[dict[str, Any], Callable[[nn.Module], dict[str, float]]]:
+    """The dense model's metrics and how a pruned model is evaluated: on the labels, or, after a label-free
+    analysis, against the dense model's own outputs on the same images (its metric is then measured too)."""
+    metric = config.SensitivityAnalysis.metric
+    if metric in LABEL_FREE_METRICS:
+        scoring = MetricScoring(metric, labelled=config.Global.labels != "none")
+        return fidelity_evaluator(scoring, inputs.model, inputs.loader, inputs.example_input.device)
+    return _baseline(inputs, analysis_file, progress), lambda m: evaluate(
+        m, inputs.loader, progress=progress, desc="verify"
+    ).metrics()
+
+
+def _baseline(inputs: Inputs, analysis_file: Path, progress: bool | None) -> dict[str, Any]:
+    """The dense model's metrics on this data: the sidecar's when it was measured on the same data."""
+    sidecar = schema.load(analysis_file) or Sidecar()
+    stored = sidecar.baseline or {}
+    data = sidecar.fingerprint.data if sidecar.fingerprint is not None else None
+    if data == inputs.loader.fingerprint() and "top1" in stored:
+        return dict(stored)
+    logger.info("Evaluating the dense model (the analysis file's baseline is from other data).")
+    return evaluate(inputs.model, inputs.loader, progress=progress, desc="dense").metrics()
+
+
+def _record(analysis_file: Path, result: PlanResult) -> None:
+    """Store the plan (and verification) in the sidecar, atomically and under the analysis file's lock."""
+    with exclusive(analysis_file):
+        sidecar = schema.load(analysis_file) or Sidecar()
+        plan = result.plan.record()
+        plan.ratios_file = str(result.ratios_file or result.plan.source)
+        if result.verification is not None:
+            plan.verification = result.verification.record()
+        if result.exported is not None:
+            plan.exported = {kind: str(path) for kind, path in result.exported.items()}
+        sidecar.plan = plan
+        schema.save(analysis_file, sidecar)
