@@ -26,6 +26,7 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
+from analysis.progress import progress_bar
 from analysis.structure.groups import (
     PASS_THROUGH,
     build_dependency_graph,
@@ -143,25 +144,36 @@ def statistics_kept(layers: Sequence[BatchNorm]) -> Iterator[None]:
 
 
 def reestimate(
-    model: nn.Module, layers: Sequence[BatchNorm], batches: Iterable[CalibrationBatch], max_batches: int | None = None
+    model: nn.Module,
+    layers: Sequence[BatchNorm],
+    batches: Iterable[CalibrationBatch],
+    max_batches: int | None = None,
+    progress: bool | None = False,
 ) -> int:
     """Reset the running statistics of ``layers`` and re-estimate them as cumulative averages over ``batches``.
 
     Only ``layers`` run in train mode (each module keeps its own mode otherwise); nothing else changes, no gradient
-    is computed. ``batches`` yields images or ``(images, labels)``. Returns the number of images seen.
+    is computed. ``batches`` yields images or ``(images, labels)``. Returns the number of images seen. ``progress``:
+    a bar (or log lines, :mod:`analysis.progress`) over the images; off by default, as inside an analysis.
     """
     if not layers:
         return 0
     images_seen = 0
     for layer in layers:
         layer.reset_running_stats()
-    with accumulating(layers), torch.no_grad():
+    total = getattr(batches, "num_samples", None) if max_batches is None else None
+    with (
+        accumulating(layers),
+        torch.no_grad(),
+        progress_bar(progress, total=total, desc="BatchNorm re-estimation", unit="img", leave=False) as bar,
+    ):
         for index, batch in enumerate(batches):
             if max_batches is not None and index >= max_batches:
                 break
             images = batch_images(batch)
             model(images)
             images_seen += len(images)
+            bar.update(len(images))
     return images_seen
 
 
@@ -251,6 +263,7 @@ def recalibrate_copy(
     removals: Sequence[tuple[str, Sequence[int]]],
     example_input: torch.Tensor,
     batches: Iterable[CalibrationBatch],
+    progress: bool | None = False,
 ) -> CalibrationStats:
     """Re-estimate, in ``pruned`` (a physically pruned copy of ``model``), the BatchNorm statistics that the
     ``(conv name, channels)`` removals change; the other layers keep the dense model's statistics. ``pruned`` is
@@ -260,5 +273,5 @@ def recalibrate_copy(
         groups = [removal_group(graph, model.get_submodule(name), channels) for name, channels in removals if channels]
         names = batchnorm_names(model, affected_batchnorms(graph, groups))
     pruned.eval()  # every other BatchNorm keeps using its running statistics while the affected ones re-estimate
-    images = reestimate(pruned, batchnorms_named(pruned, names), batches)
+    images = reestimate(pruned, batchnorms_named(pruned, names), batches, progress=progress)
     return CalibrationStats(names, images)

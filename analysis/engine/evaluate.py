@@ -9,10 +9,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from analysis.errors import UserError
-from analysis.progress import progress_disabled
+from analysis.progress import progress_bar
 
 
 @dataclass(frozen=True)
@@ -95,9 +94,8 @@ def evaluate(
         )
     sums = MetricSums()
     total = getattr(batches, "num_samples", None)
-    disable = progress_disabled(progress)
     start = time.perf_counter()
-    with torch.inference_mode(), tqdm(total=total, desc=desc, unit="img", disable=disable, leave=False) as bar:
+    with torch.inference_mode(), progress_bar(progress, total=total, desc=desc, unit="img", leave=False) as bar:
         for images, labels in batches:
             if device is not None:
                 images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)

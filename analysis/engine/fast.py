@@ -18,7 +18,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
 
 from analysis.engine._adaptive import CONTINUOUS_METRICS, Z_95, PairedEstimate, per_sample
 from analysis.engine._decision import Candidate, DecisionRule, ParamDecision
@@ -29,6 +28,7 @@ from analysis.engine.loss import LOWER_IS_BETTER, divides_by_baseline, relative_
 from analysis.engine.partition import GraphRunner, NodeValues, Schedule, SuffixPlan, UntraceableModel
 from analysis.engine.reference import EngineReport, Executor, RunState, SensitivityEngine
 from analysis.engine.settings import Metrics
+from analysis.progress import progress_bar
 from analysis.structure.groups import PrunableParam
 from analysis.structure.masking import Slice, zeroed
 
@@ -292,9 +292,8 @@ class FastSensitivityEngine(SensitivityEngine):
         for its affected layers only (they all lie in its suffix), from where its previous batch left them."""
         assert self.runner is not None and self.data.calibration is not None
         runner, by_plan = self.runner, {id(job.plan): job for job in chunk}
-        disable = self.progress_disabled()
         total = getattr(self.data.calibration, "num_samples", None)
-        with tqdm(total=total, desc="calibrate", unit="img", disable=disable, leave=False) as inner:
+        with progress_bar(self.settings.progress, total=total, desc="calibrate", unit="img", leave=False) as inner:
             for batch in self.data.calibration:
                 images = batch_images(batch).to(self.device, non_blocking=True)
 
@@ -315,10 +314,11 @@ class FastSensitivityEngine(SensitivityEngine):
         runner = self.runner
         by_plan = {id(job.plan): job for job in chunk}
         active = list(chunk)
-        disable = self.progress_disabled()
         adaptive = self.settings.sampled
         total = len(self.order) if adaptive else getattr(self.data.batches, "num_samples", None)
-        with tqdm(total=total, desc=f"{len(chunk)} conv(s)", unit="img", disable=disable, leave=False) as inner:
+        with progress_bar(
+            self.settings.progress, total=total, desc=f"{len(chunk)} unit(s)", unit="img", leave=False
+        ) as inner:
             for images, labels, index in self._batches():
 
                 def visit(plan: SuffixPlan, frontier: NodeValues, labels: torch.Tensor = labels,
@@ -397,8 +397,8 @@ class FastSensitivityEngine(SensitivityEngine):
         schedule = runner.schedule([job.plan for job in active])
         position = start
         total = len(self.order) - start
-        with tqdm(total=total, desc=f"{len(active)} unit(s)", unit="img", disable=self.progress_disabled(),
-                  leave=False) as inner:  # fmt: skip
+        with progress_bar(self.settings.progress, total=total, desc=f"{len(active)} unit(s)", unit="img",
+                          leave=False) as inner:  # fmt: skip
             for images, labels, index in ordered_batches(self.data.batches, self.order[start:]):
                 running = {id(c) for job in active for c in ahead(job, position) if c.count == position}
                 by_plan = {id(job.plan): job for job in active}

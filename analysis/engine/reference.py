@@ -40,7 +40,7 @@ from analysis.engine.settings import AnalysisData, EngineSettings, Metrics
 from analysis.errors import UserError
 from analysis.io.sidecar import ParamRecord, VariantRecord
 from analysis.io.store import AnalysisStore
-from analysis.progress import progress_disabled
+from analysis.progress import progress_bar
 from analysis.structure.criteria import channel_scores, select_channels
 from analysis.structure.flops import CostModel, summarise
 from analysis.structure.groups import PrunableParam, full_group
@@ -147,8 +147,8 @@ class SensitivityEngine:
         logger.info("Evaluating %d variant(s) of %d unit(s).", total, sum(bool(v) for v in pending.values()))
         with (
             logging_redirect_tqdm(loggers=[logging.getLogger("analysis")]),
-            tqdm(total=total, desc="sensitivity", unit="variant", disable=self.progress_disabled(),
-                 dynamic_ncols=True) as bar,
+            progress_bar(self.settings.progress, total=total, desc="sensitivity", unit="variant",
+                         dynamic_ncols=True) as bar,
         ):  # fmt: skip
             self.run_params(params, pending, RunState(baseline, report, bar))
         return report
@@ -218,8 +218,8 @@ class SensitivityEngine:
         recorder = self.scoring.recorder(images) if self.scoring.label_free else None
         sums = MetricSums() if self.scoring.labelled else None
         count = 0
-        with torch.inference_mode(), tqdm(total=images, desc="dense", unit="img", disable=self.progress_disabled(),
-                                          leave=False) as bar:  # fmt: skip
+        with torch.inference_mode(), progress_bar(self.settings.progress, total=images, desc="dense",
+                                                  unit="img", leave=False) as bar:  # fmt: skip
             for batch, labels, index in batches:
                 logits = self.model(batch)
                 if sums is not None:
@@ -243,16 +243,12 @@ class SensitivityEngine:
         assert self.data.batches is not None  # checked by check_scoring
         sums = self.scoring.sums(self.dense)
         total = image_count(self.data.batches)
-        with torch.inference_mode(), tqdm(total=total, desc="eval", unit="img", disable=self.progress_disabled(),
-                                          leave=False) as bar:  # fmt: skip
+        with torch.inference_mode(), progress_bar(self.settings.progress, total=total, desc="eval",
+                                                  unit="img", leave=False) as bar:  # fmt: skip
             for images, labels, index in indexed_batches(self.data.batches, self.device):
                 sums.add(model(images), labels, index)
                 bar.update(len(index))
         return sums.metrics()
-
-    def progress_disabled(self) -> bool:
-        """Whether progress bars are hidden (as the settings say, or when stderr is not a terminal)."""
-        return progress_disabled(self.settings.progress)
 
     # One param
     def prepare(self, param: PrunableParam, ratios: Sequence[float], state: RunState) -> Prepared | None:

@@ -36,12 +36,11 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.functional import convert_image_dtype
 from torchvision.transforms.v2 import functional as TF
-from tqdm.auto import tqdm
 
 from analysis.config import DEFAULT_MAX_IMAGE_PIXELS, GlobalConfig, printable
 from analysis.errors import ConfigError, DataError
 from analysis.io.fingerprint import json_fingerprint
-from analysis.progress import progress_disabled
+from analysis.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -532,9 +531,8 @@ class EvalLoader:
         size = self.preprocess.img_size
         images = torch.empty((self.num_samples, 3, size, size), dtype=torch.uint8)
         labels = torch.empty(self.num_samples, dtype=torch.long)
-        disable = progress_disabled(progress)
         position = 0
-        with tqdm(total=self.num_samples, desc="decode", unit="img", disable=disable, leave=False) as bar:
+        with progress_bar(progress, total=self.num_samples, desc="decode", unit="img", leave=False) as bar:
             for batch_images, batch_labels in self._raw_batches(self._data_loader(False, persistent=False)):
                 count = len(batch_labels)
                 images[position : position + count] = batch_images

@@ -52,7 +52,7 @@ from analysis.planning._joint import JointEvaluator
 from analysis.planning._trades import TradePicker
 from analysis.planning.allocate import Choice, GroupOptions
 from analysis.planning.plan import Plan, Planner, open_planner
-from analysis.progress import progress_disabled
+from analysis.progress import progress_bar
 from analysis.structure.groups import eval_mode
 
 logger = logging.getLogger(__name__)
@@ -204,8 +204,7 @@ class MeasuredSearch:
     def run(self) -> SearchResult:
         """Measure the starts, trade channels until the budget is spent or no untried plan is left, and pick among
         the finalists."""
-        disable = progress_disabled(self.progress)
-        with tqdm(total=self.evaluations, desc="measured plan", unit="eval", disable=disable) as bar:
+        with progress_bar(self.progress, total=self.evaluations, desc="measured plan", unit="eval") as bar:
             starts = self._measure_starts(bar)
             current = max(starts, key=lambda s: s.search_key)
             self.evaluators["search"].adopt(current.picks)

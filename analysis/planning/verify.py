@@ -120,6 +120,7 @@ def check_calibration(
     evaluate: Callable[[nn.Module], Mapping[str, float]],
     baseline: Mapping[str, float],
     calibration: CalibrationSet,
+    progress: bool | None = False,
 ) -> CalibrationCheck | None:
     """Re-estimate the BatchNorm ``layers`` (module names) of a copy of the dense ``model`` on ``calibration`` and
     evaluate it: one re-estimation and one evaluation, ``model`` unchanged.
@@ -131,7 +132,7 @@ def check_calibration(
     if not layers or not baseline.get(metric):
         return None
     dense = copy.deepcopy(model).eval()
-    images = reestimate(dense, batchnorms_named(dense, layers), calibration.loader)
+    images = reestimate(dense, batchnorms_named(dense, layers), calibration.loader, progress=progress)
     metrics = _numbers(evaluate(dense))
     loss = relative_loss(float(baseline[metric]), metrics[metric], metric)
     check = CalibrationCheck(metric, float(baseline[metric]), metrics, loss, len(layers), images)
@@ -215,6 +216,7 @@ def verify_plan(
     baseline: Mapping[str, float],
     latency_batches: tuple[int, ...] = LATENCY_BATCHES,
     calibration: CalibrationSet | None = None,
+    progress: bool | None = False,
 ) -> tuple[nn.Module, Verification]:
     """Prune ``plan`` into a copy of ``model``, evaluate it raw and (with ``calibration``) after re-estimating the
     BatchNorm statistics the pruning changed, check the calibration images on the dense model
@@ -228,15 +230,18 @@ def verify_plan(
         baseline: The dense model's metrics on that data.
         latency_batches: Batch sizes to time.
         calibration: Calibration images; without them only the raw pruned model is measured.
+        progress: Progress of the BatchNorm re-estimations (:mod:`analysis.progress`; ``evaluate`` shows its own).
 
     Returns:
         The pruned copy (eval mode, on the model's device; with re-estimated statistics when calibrated) and the
         measurements.
     """
-    pruned, metrics, recalibrated = measure_pruned(model, plan.removals(), evaluate, example_input, calibration)
+    pruned, metrics, recalibrated = measure_pruned(
+        model, plan.removals(), evaluate, example_input, calibration, progress
+    )
     check = None
     if recalibrated is not None and calibration is not None:
-        check = check_calibration(model, recalibrated.layers, evaluate, baseline, calibration)
+        check = check_calibration(model, recalibrated.layers, evaluate, baseline, calibration, progress)
     dense_cost, pruned_cost = count_cost(model, example_input), count_cost(pruned, example_input)
     if pruned_cost.macs != plan.pruned.macs or pruned_cost.params != plan.pruned.params:
         logger.warning(
@@ -274,6 +279,7 @@ def measure_pruned(
     evaluate: Callable[[nn.Module], Mapping[str, float]],
     example_input: torch.Tensor,
     calibration: CalibrationSet | None,
+    progress: bool | None = False,
 ) -> tuple[nn.Module, dict[str, float], Recalibrated | None]:
     """Physically prune every ``(conv name, channels)`` removal into a copy of ``model`` and evaluate it raw and,
     with ``calibration``, after re-estimating the BatchNorm statistics the removals change.
@@ -285,7 +291,7 @@ def measure_pruned(
     metrics = _numbers(evaluate(pruned))
     if calibration is None:
         return pruned, metrics, None
-    stats = recalibrate_copy(model, pruned, removals, example_input, calibration.loader)
+    stats = recalibrate_copy(model, pruned, removals, example_input, calibration.loader, progress)
     return pruned, metrics, Recalibrated(_numbers(evaluate(pruned)), stats.layers, stats.images, calibration.as_dict())
 
 

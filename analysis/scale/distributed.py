@@ -29,13 +29,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from analysis.errors import UserError
 from analysis.io.atomic import atomic_write_bytes
 from analysis.io.lock import exclusive
 from analysis.io.results import Sensitivities, load_sensitivities, sidecar_path
+from analysis.progress import progress_bar
 from analysis.scale.shards import ShardSpec, load_analysis_file, merge_loaded
 
 logger = logging.getLogger(__name__)
@@ -229,8 +229,8 @@ def _start_progress(main: Path, stop: threading.Event, total: int | None) -> thr
 
     def watch() -> None:
         start = count()
-        with tqdm(
-            desc="sensitivity (all ranks)", unit="variant", total=total, initial=start, dynamic_ncols=True
+        with progress_bar(
+            None, desc="sensitivity (all ranks)", unit="variant", total=total, initial=start, dynamic_ncols=True
         ) as bar:
             while not stop.wait(PROGRESS_POLL_SECONDS):
                 bar.update(max(0, count() - bar.n))

@@ -127,7 +127,7 @@ def run_plan_step(
     if s.verify:
         baseline, evaluator = _evaluation(config, inputs, analysis_file, progress)
         pruned, result.verification = verify_plan(
-            model, plan, evaluator, example, baseline, calibration=inputs.calibration
+            model, plan, evaluator, example, baseline, calibration=inputs.calibration, progress=progress
         )  # fmt: skip
         recalibrated = result.verification.recalibrated
         if recalibrated is not None:
@@ -136,11 +136,11 @@ def run_plan_step(
         if pruned is None:
             pruned = jointly_pruned_copy(model, plan.removals(), example)
             if inputs.calibration is not None:
-                stats = recalibrate_copy(model, pruned, plan.removals(), example, inputs.calibration.loader)
+                stats = recalibrate_copy(model, pruned, plan.removals(), example, inputs.calibration.loader, progress)
                 if stats.layers:  # the exported statistics get deployed: check their calibration images as verify does
                     baseline, evaluator = _evaluation(config, inputs, analysis_file, progress)
                     result.export_check = check_calibration(model, stats.layers, evaluator, baseline,
-                                                            inputs.calibration)  # fmt: skip
+                                                            inputs.calibration, progress)  # fmt: skip
                 batchnorm = _batchnorm_note(stats.layers, inputs.calibration.as_dict(), result.export_check)
         extra = {
             "plan": plan.as_dict(),
