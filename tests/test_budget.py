@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Mapping
 
 import pytest
 
-from analysis.planning._curves import interpolate
+from analysis.planning._curves import interpolate, isotonic, monotone_curve
 from analysis.planning.allocate import BudgetUnreachable, Choice, GroupOptions, _improve, allocate
 
 
@@ -31,8 +32,37 @@ def test_interpolate_never_extrapolates() -> None:
     assert interpolate(points, 1.0) == pytest.approx(0.05)
     assert interpolate(points, 3.0) == pytest.approx(0.3)
     assert interpolate(points, 4.0) == 0.5
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^4\.5 is outside the measured range$"):
         interpolate(points, 4.5)
+    with pytest.raises(ValueError, match=r"^-0\.5 is outside"):
+        interpolate(points, -0.5)
+    with pytest.raises(ValueError, match=r"^0\.5 is outside"):  # below the first count, which is not 0 here
+        interpolate([(1.0, 0.2), (3.0, 0.4)], 0.5)
+    with pytest.raises(ValueError, match=r"^0 is outside"):
+        interpolate([], 0)
+
+
+def isotonic_by_minimax(values: list[float]) -> list[float]:
+    """The least-squares non-decreasing fit by its closed form: max over j <= i of min over k >= i of the mean of
+    ``values[j..k]`` (an oracle independent of pooling adjacent violators)."""
+    n = len(values)
+    return [max(min(sum(values[j : k + 1]) / (k + 1 - j) for k in range(i, n)) for j in range(i + 1)) for i in range(n)]
+
+
+def test_isotonic_fit_equals_its_closed_form() -> None:
+    for seed in range(300):
+        rng = random.Random(seed)
+        values = [rng.choice([rng.uniform(-0.2, 1.0), 0.5, 0.25]) for _ in range(rng.randint(1, 8))]  # ties too
+        assert isotonic(values) == pytest.approx(isotonic_by_minimax(values), abs=1e-12), values
+
+
+def test_monotone_curve_drops_count_zero_averages_equal_counts_and_floors_at_zero() -> None:
+    points = [(0, 0.3), (1, 0.02), (3, 0.5), (3, 0.1), (2, -0.1), (4, 0.2)]
+    # count 0 dropped; count 3 averaged to 0.3; the fit of 0.02, -0.1, 0.3, 0.2 pools (0.02, -0.1) and (0.3, 0.2)
+    curve = monotone_curve(points)
+    assert [count for count, _ in curve] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert [loss for _, loss in curve] == pytest.approx([0.0, 0.0, 0.0, 0.25, 0.25])
+    assert monotone_curve([(2, 0.4), (1, 0.1)]) == [(0.0, 0.0), (1.0, 0.1), (2.0, 0.4)]  # sorted by count
 
 
 def test_known_optimum_on_convex_curves() -> None:
@@ -99,6 +129,9 @@ def test_exact_joint_saving_decides_when_the_target_is_met() -> None:
 def test_unreachable_target() -> None:
     with pytest.raises(BudgetUnreachable, match="save 3"):
         allocate([group("a", [(0, 0), (3, 0.1)])], 4)
+    for nothing in (0.0, -1.0):
+        with pytest.raises(ValueError, match="saving to reach must be positive"):
+            allocate([group("a", [(0, 0), (3, 0.1)])], nothing)
 
 
 def test_choices_off_the_convex_hull_are_used() -> None:
@@ -150,3 +183,45 @@ def test_with_whole_unit_savings_the_bound_and_the_plan_are_the_optimum() -> Non
         assert result.predicted_loss == pytest.approx(sum(c.loss for c in result.choices.values()), abs=1e-12)
         checked += 1
     assert checked == 150
+
+
+def additive(selection: Mapping[str, Choice]) -> float:
+    return sum(choice.saved for choice in selection.values())
+
+
+def test_surplus_goes_first_to_the_move_that_lowers_the_loss_most_whatever_the_order() -> None:
+    # one move fits the surplus: b's (gain 0.08) beats a's (gain 0.01), though a's losses are larger
+    a = group("a", [(0, 0), (1, 0.49), (2, 0.5)])
+    b = group("b", [(0, 0), (1, 0.02), (2, 0.1)])
+    for order in ([a, b], [b, a]):
+        chosen = {g.key: g.choices[2] for g in order}  # saves 4 where 3 is enough
+        improved = _improve(order, chosen, 3, additive)
+        assert {key: c.saved for key, c in improved.items()} == {"a": 2, "b": 1}
+
+
+def test_among_equally_cheap_choices_the_one_saving_most_leaves_surplus_for_other_groups() -> None:
+    a = group("a", [(0, 0), (2, 0.01), (3, 0.01), (4, 0.05)])
+    b = group("b", [(0, 0), (1, 0.0), (2, 0.04)])
+    improved = _improve([a, b], {"a": a.choices[3], "b": b.choices[2]}, 4, additive)
+    # a moves first (equal gains: the first group) to the cheap choice saving 3, not 2, so b can still move
+    assert {key: c.saved for key, c in improved.items()} == {"a": 3, "b": 1}
+    assert sum(c.loss for c in improved.values()) == pytest.approx(0.01)
+
+
+def test_equal_gains_move_the_first_group_and_equal_losses_keep_the_smaller_choice() -> None:
+    a = group("a", [(0, 0), (1, 0.0), (2, 0.03)])
+    b = group("b", [(0, 0), (1, 0.0), (2, 0.03)])
+    improved = _improve([a, b], {"a": a.choices[2], "b": b.choices[2]}, 3, additive)
+    assert {key: c.saved for key, c in improved.items()} == {"a": 1, "b": 2}  # one move fits: the first group's
+    flat = group("flat", [(0, 0), (2, 0.1), (4, 0.1)])  # a flat curve: pruning more predicts no more loss
+    assert allocate([flat], 2).choices["flat"].saved == 2  # at equal predicted loss the plan prunes less
+
+
+def test_a_local_search_that_misses_the_exact_target_is_dropped() -> None:
+    a = group("a", [(0, 0), (2, 0.01), (4, 0.05)])
+    chosen = {"a": a.choices[2]}
+
+    def only_the_input_meets_it(selection: Mapping[str, Choice]) -> float:  # savings that overlap unpredictably
+        return 4.0 if selection == chosen else 0.0
+
+    assert _improve([a], chosen, 2, only_the_input_meets_it) == chosen

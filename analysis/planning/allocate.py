@@ -53,14 +53,12 @@ class Allocation:
         predicted_saved: Sum of the chosen predicted savings (the exact joint saving is at most this).
         lower_bound: No allocation reaching the target has a smaller summed predicted loss (the knapsack program
             with savings rounded up), so ``predicted_loss - lower_bound`` bounds how far from optimal this one is.
-        target: The saving asked for.
     """
 
     choices: dict[str, Choice]
     predicted_loss: float
     predicted_saved: float
     lower_bound: float
-    target: float
 
     @property
     def gap(self) -> float:
@@ -96,15 +94,18 @@ def allocate(
             faster and loosens the bound.
 
     Raises:
+        ValueError: If ``target`` is not a positive saving (the callers check budgets before).
         BudgetUnreachable: If every group at its largest choice still saves less than ``target``.
     """
+    if not target > 0:
+        raise ValueError(f"the saving to reach must be positive, got {target}")
     exact = joint_saved or _additive
     largest = {group.key: max(group.choices, key=lambda c: c.saved) for group in options}
     if exact(largest) < target:
         raise BudgetUnreachable(f"the largest measured ratios save {exact(largest):.6g}, less than the {target:.6g} "
                                 "asked for")  # fmt: skip
     steps = resolution or max(RESOLUTION, 100 * len(options))  # by default rounding costs <= 1% of the target
-    unit = target / steps if target > 0 else 1.0
+    unit = target / steps
     solved, bound = _knapsack(options, target, unit)  # savings rounded up: a relaxation, so ``bound`` is a bound
     goal, chosen = target, dict(largest)
     for _ in range(RESOLUTION):  # each round raises the goal by the last shortfall; it ends within a few rounds
@@ -116,7 +117,7 @@ def allocate(
         goal += max(target - exact(solved), unit)
         solved, _ = _knapsack(options, goal, unit)
     chosen = _improve(options, chosen, target, exact)
-    return Allocation(chosen, sum(c.loss for c in chosen.values()), _additive(chosen), bound, target)
+    return Allocation(chosen, sum(c.loss for c in chosen.values()), _additive(chosen), bound)
 
 
 RESOLUTION = 4000  # savings are counted in units of target / RESOLUTION (or finer, for many groups)
