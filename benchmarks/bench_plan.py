@@ -45,7 +45,7 @@ from analysis.engine.evaluate import evaluate  # noqa: E402
 from analysis.inputs.build import Inputs, build_inputs  # noqa: E402
 from analysis.io.search_log import search_log_path  # noqa: E402
 from analysis.planning.allocate import GroupOptions  # noqa: E402
-from analysis.planning.measured import Scoring, SearchSettings, build_measured_plan  # noqa: E402
+from analysis.planning.measured import PlanScoring, SearchSettings, build_measured_plan  # noqa: E402
 from analysis.planning.plan import Planner, build_plan, open_planner  # noqa: E402
 from analysis.planning.verify import measure_pruned  # noqa: E402
 from analysis.structure.criteria import removal_count  # noqa: E402
@@ -196,7 +196,7 @@ def bench_model(model_name: str, args: argparse.Namespace) -> tuple[list[Row], d
                         example,
                         plain_file,
                         b,
-                        Scoring.from_loaders(inputs.loader, calibration, 256, 0),
+                        PlanScoring.from_loaders(inputs.loader, calibration, 256, 0),
                         settings=SearchSettings(evaluations=args.eval_budget),
                         progress=False,
                     )

@@ -38,7 +38,7 @@ from analysis.io.lock import exclusive
 from analysis.io.ratios_yaml import load_ratios_yaml
 from analysis.io.results import load_sensitivities, load_sidecar
 from analysis.io.search_log import SearchLog, search_log_path
-from analysis.planning.measured import Scoring, SearchSettings, build_measured_plan
+from analysis.planning.measured import PlanScoring, SearchSettings, build_measured_plan
 from analysis.planning.plan import Plan
 from analysis.planning.ratios import get_ratios_by_loss
 
@@ -1266,7 +1266,7 @@ def test_a_budget_beyond_exhaustion_changes_nothing(tmp_path: Path) -> None:
     model = randomize(tiny_models.tiny_resnet())
     data = pseudo_labelled(model, batches(count=3))
     calibration = calibration_batches(count=2)
-    scoring = Scoring(data, "data", calibration, calibration[:1], "calibration")
+    scoring = PlanScoring(data, "data", calibration, calibration[:1], "calibration")
     plans: dict[int | None, Plan] = {}
     for budget in (100_000, None):  # None: exactly the evaluations the unlimited search used
         path = tmp_path / str(budget) / "s.pkl"

@@ -18,7 +18,7 @@ from analysis.engine.evaluate import evaluate
 from analysis.io.results import load_sidecar
 from analysis.io.search_log import search_log_path
 from analysis.planning._joint import JointEvaluator
-from analysis.planning.measured import Scoring, SearchSettings, build_measured_plan
+from analysis.planning.measured import PlanScoring, SearchSettings, build_measured_plan
 from analysis.planning.plan import build_plan, open_planner
 from analysis.planning.verify import measure_pruned
 from analysis.structure.flops import count_cost
@@ -65,8 +65,8 @@ def setup(tmp_path: Path) -> tuple[torch.nn.Module, list, list, Path]:
     return model, data, calibration_batches(count=2), path
 
 
-def scoring(data: Counted, calibration: list) -> Scoring:
-    return Scoring(data, "data", calibration, calibration[:1], "calibration")
+def scoring(data: Counted, calibration: list) -> PlanScoring:
+    return PlanScoring(data, "data", calibration, calibration[:1], "calibration")
 
 
 @pytest.mark.parametrize("target", [0.3, 0.5])
@@ -143,7 +143,7 @@ def test_evaluations_are_not_reused_with_other_calibration_images(tmp_path: Path
     first = Counted(data)
     build_measured_plan(model, data[0][0], path, 0.4, scoring(first, calibration), settings=SETTINGS, progress=False)
     other = Counted(data)
-    changed = Scoring(other, "data", calibration[1:], calibration[1:], "other calibration")
+    changed = PlanScoring(other, "data", calibration[1:], calibration[1:], "other calibration")
     build_measured_plan(model, data[0][0], path, 0.4, changed, settings=SETTINGS, progress=False)
     logs = load_sidecar(path)["plan_search"]
     assert len(logs) == 2  # one log per calibration set: nothing measured with the first images was reused

@@ -16,7 +16,7 @@ from analysis import analysis_prune
 from analysis.errors import AnalysisFileError, ConfigError
 from analysis.io.results import load_sensitivities, load_sidecar
 from analysis.planning.export import CHANNELS_FILE, export_pruned, layer_shapes
-from analysis.planning.measured import Scoring, SearchSettings, build_measured_plan
+from analysis.planning.measured import PlanScoring, SearchSettings, build_measured_plan
 from analysis.planning.plan import build_plan, param_count, plan_from_ratios
 from analysis.structure.criteria import allowed_counts, channels_to_remove, removal_count, select_channels
 from analysis.structure.groups import find_prunable
@@ -211,7 +211,7 @@ def test_budget_plan_and_export_keep_multiples_of_round_to(tmp_path: Path) -> No
 def test_measured_plan_keeps_multiples_of_round_to(tmp_path: Path) -> None:
     model, data, path = analysed(tmp_path)
     calibration = [(images + 0.5, labels) for images, labels in data]  # other images than the scored ones
-    scoring = Scoring(data, "data", calibration, calibration[:1], "calibration")
+    scoring = PlanScoring(data, "data", calibration, calibration[:1], "calibration")
     plan = build_measured_plan(model, data[0][0], path, 0.3, scoring, settings=SearchSettings(evaluations=12),
                                progress=False)  # fmt: skip
     assert plan.groups and plan.reduction >= 0.3 and plan.search is not None

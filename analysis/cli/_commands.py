@@ -17,12 +17,12 @@ from analysis.compat.topology import dependency_csv, dependency_sets, not_safe_t
 from analysis.config import check_target_loss, load_config
 from analysis.errors import AnalysisFileError
 from analysis.inputs.models import build_model
-from analysis.io.atomic import atomic_write_text, writable_folder
+from analysis.io.atomic import atomic_write_text
 from analysis.io.lock import exclusive
 from analysis.io.outputs import check_output_file, check_output_folder
 from analysis.io.results import sidecar_path
-from analysis.io.tables import CSV_STYLES, csv_path, export_csv
 from analysis.scale.shards import merge_files
+from analysis.workflow.report import write_report_files
 
 logger = logging.getLogger(__name__)
 
@@ -68,37 +68,6 @@ def build_deps_parser() -> CommandParser:
     return parser
 
 
-def write_reports(
-    analysis_file: str | Path,
-    target_loss: float | None = None,
-    ratio: float | None = None,
-    out_dir: str | Path | None = None,
-) -> list[Path]:
-    """Write the CSV exports, the plots and the HTML report of ``analysis_file``; returns the paths written.
-
-    The analysis file and its sidecar are read and ``ratio`` and ``out_dir`` checked before the first file is
-    written, so a bad argument leaves nothing half-done. Without a sidecar the wide CSV (metric values, which only
-    the sidecar holds) is skipped with a warning and the rest is built from the pickle alone.
-    """
-    from analysis.reporting.plots import resolve_ratio
-    from analysis.reporting.report import load_analysis, write_report  # matplotlib only when reports are written
-
-    data = load_analysis(analysis_file)
-    resolve_ratio(data.sensitivities, ratio, str(data.path))
-    directory = writable_folder(out_dir if out_dir is not None else Path(analysis_file).parent)
-    styles: tuple[str, ...] = CSV_STYLES
-    if data.sidecar is None:
-        styles = tuple(style for style in CSV_STYLES if style != "wide")
-        logger.warning(
-            "%s has no sidecar %s: the wide CSV (metric values) is skipped and the report shows the losses alone.",
-            analysis_file, sidecar_path(analysis_file).name,
-        )  # fmt: skip
-    written = [export_csv(analysis_file, csv_path(directory / Path(analysis_file).name, style), style)
-               for style in styles]  # fmt: skip
-    files = write_report(analysis_file, out_dir=directory, target_loss=target_loss, ratio=ratio)
-    return [*written, files.curves, files.heatmap, files.savings, files.html]
-
-
 def report_main(argv: Sequence[str]) -> int:
     """``run.py report``: regenerate the CSV, plots and HTML of an existing analysis file."""
     args = build_report_parser().parse(argv)
@@ -108,7 +77,7 @@ def report_main(argv: Sequence[str]) -> int:
     check_target_loss(args.target_loss, "--target_loss")
     if args.out_dir is not None:
         check_output_folder(args.out_dir, "--out_dir")
-    for path in write_reports(args.analysis_file, args.target_loss, args.ratio, args.out_dir):
+    for path in write_report_files(args.analysis_file, args.target_loss, args.ratio, args.out_dir):
         if not args.quiet:
             print(path)
     return EXIT_OK

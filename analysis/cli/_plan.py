@@ -20,6 +20,7 @@ from analysis.io.sidecar import ConfigRecord, Sidecar
 from analysis.reporting.plan_text import format_plan
 from analysis.workflow.job import run_job
 from analysis.workflow.plan import budget, run_plan_step
+from analysis.workflow.report import write_report_files
 
 logger = logging.getLogger(__name__)
 
@@ -134,9 +135,9 @@ def _finish(config: Config, inputs: Inputs, args: argparse.Namespace, progress: 
     result = run_plan_step(config, inputs, progress, ratios_file)
     print(format_plan(result))
     if config.SensitivityAnalysis.report and not args.no_report:
-        from analysis.cli._commands import write_reports
-
-        written = write_reports(config.SensitivityAnalysis.analysis_file or "", config.SensitivityAnalysis.target_loss)
+        written = write_report_files(
+            config.SensitivityAnalysis.analysis_file or "", config.SensitivityAnalysis.target_loss
+        )
         print(f"report: {written[-1]}")
     return EXIT_OK
 

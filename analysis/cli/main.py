@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from analysis import __version__
-from analysis.cli._commands import SUBCOMMANDS, write_reports
+from analysis.cli._commands import SUBCOMMANDS
 from analysis.cli._exit import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USER_ERROR
 from analysis.cli._logs import setup_logging
 from analysis.cli._parser import CommandParser
@@ -45,6 +45,7 @@ from analysis.text import explain_target_loss
 from analysis.workflow.analyse import derive_ratios
 from analysis.workflow.job import run_job
 from analysis.workflow.plan import run_plan_step, wants_plan_step
+from analysis.workflow.report import write_report_files
 
 logger = logging.getLogger("analysis")
 
@@ -147,7 +148,7 @@ def job_main(argv: Sequence[str]) -> int:
 def finish(outcome: AnalysisOutcome, config: Config, args: argparse.Namespace) -> None:
     """Write the CSV, plots and HTML report of a finished job (unless turned off)."""
     if config.SensitivityAnalysis.report and not args.no_report and outcome.sensitivities:
-        written = write_reports(outcome.analysis_file, config.SensitivityAnalysis.target_loss)
+        written = write_report_files(outcome.analysis_file, config.SensitivityAnalysis.target_loss)
         print(f"report: {written[-1]} (+ CSV and plots beside it)")
 
 

@@ -122,7 +122,7 @@ class DenseRecorder:
 
 
 @dataclass(frozen=True)
-class Scoring:
+class PassMetrics:
     """What a pass over the data measures in one run.
 
     Attributes:
@@ -231,7 +231,7 @@ def image_count(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> int | N
 
 
 def fidelity_evaluator(
-    scoring: Scoring, model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], device: torch.device
+    scoring: PassMetrics, model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], device: torch.device
 ) -> tuple[dict[str, float], Callable[[nn.Module], dict[str, float]]]:
     """The dense ``model``'s metrics on ``batches`` and an evaluator scoring other models against its outputs there
     (a plan from a label-free analysis is verified on the analysis's own metric, with or without labels)."""

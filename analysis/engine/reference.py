@@ -34,7 +34,7 @@ from analysis.engine.batchnorm import (
     reestimated,
 )
 from analysis.engine.evaluate import MetricSums
-from analysis.engine.fidelity import DenseOutputs, IndexedBatch, Scoring, image_count, indexed_batches
+from analysis.engine.fidelity import DenseOutputs, IndexedBatch, PassMetrics, image_count, indexed_batches
 from analysis.engine.loss import check_baseline, check_finite, format_metrics, relative_loss, without_timing
 from analysis.engine.settings import AnalysisData, EngineSettings, Metrics
 from analysis.errors import UserError
@@ -122,7 +122,7 @@ class SensitivityEngine:
             raise ValueError("adaptive_bn needs calibration batches")
         self.model, self.data, self.graph, self.settings, self.store = model, data, graph, settings, store
         self.device = data.example_input.device
-        self.scoring = Scoring(settings.metric, labelled=bool(getattr(data.batches, "labelled", True)))
+        self.scoring = PassMetrics(settings.metric, labelled=bool(getattr(data.batches, "labelled", True)))
         check_scoring(self.scoring, data.batches is not None)
         self.dense: DenseOutputs | None = None  # the dense model's outputs per image, for a label-free metric
         self.mask_check = MaskCheck(model, graph, data.example_input)
@@ -443,7 +443,7 @@ def _sampled(estimate: PairedEstimate | None, settled: str | None) -> str:
     return f" [{shown}{estimate.count} images]"
 
 
-def check_scoring(scoring: Scoring, batches: bool) -> None:
+def check_scoring(scoring: PassMetrics, batches: bool) -> None:
     """Refuse a metric the data cannot give: a label-free one without batches (an eval function returns one number,
     not per-image outputs), or a labelled one on data without labels.
 

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Selection = Mapping[str, Pick]
+PlanSelection = Mapping[str, Pick]
 """A plan as the search sees it: group key (its first member) -> pick (count 0: not pruned)."""
 Batches = Sequence[Any]
 
@@ -104,7 +104,7 @@ class JointEvaluator:
 
     # ------------------------------------------------------------------------------------------------- costs
 
-    def removals(self, selection: Selection) -> list[tuple[str, list[int]]]:
+    def removals(self, selection: PlanSelection) -> list[tuple[str, list[int]]]:
         """``(conv module name, channels)`` of every pruned group of ``selection``, for physical pruning."""
         return [
             (self.planner.by_name[param].module_name, self.planner.removed(param, count))
@@ -112,13 +112,13 @@ class JointEvaluator:
             if count
         ]
 
-    def cost(self, selection: Selection) -> Cost:
+    def cost(self, selection: PlanSelection) -> Cost:
         """The exact cost of the model with every group of ``selection`` pruned at once."""
         return self.planner.picks_cost(selection.values())
 
     # --------------------------------------------------------------------------------------------- evaluation
 
-    def score(self, selection: Selection) -> JointScore:
+    def score(self, selection: PlanSelection) -> JointScore:
         """Evaluate the model with every group of ``selection`` pruned at once (BatchNorm re-estimated)."""
         start = time.perf_counter()
         if self.physical:
@@ -130,7 +130,7 @@ class JointEvaluator:
         cost = self.cost(selection)
         return JointScore(metrics, cost.macs, cost.params, time.perf_counter() - start)
 
-    def adopt(self, selection: Selection) -> None:
+    def adopt(self, selection: PlanSelection) -> None:
         """Make ``selection`` the plan later candidates start from (its values are kept when it was the last plan
         measured; otherwise they are computed at the next evaluation)."""
         if self.runner is None:
@@ -140,20 +140,20 @@ class JointEvaluator:
         else:
             self.anchor = _Values(dict(selection), None)  # values missing: the next score fills them first
 
-    def _score_physical(self, selection: Selection) -> dict[str, float]:
+    def _score_physical(self, selection: PlanSelection) -> dict[str, float]:
         model, example = self.planner.model, self.planner.example_input
         copy = jointly_pruned_copy(model, self.removals(selection), example)
         if self.calibration is not None:
             recalibrate_copy(model, copy, self.removals(selection), example, self.calibration)
         return evaluate(copy, self.data, progress=False).metrics()
 
-    def _score_masked(self, selection: Selection) -> dict[str, float]:
+    def _score_masked(self, selection: PlanSelection) -> dict[str, float]:
         """The whole network, for every batch (no graph to start from a cut point)."""
         slices, layers = self._masks(selection)
         with zeroed(slices), reestimated(self.planner.model, layers, self.calibration or ()):
             return evaluate(self.planner.model, self.data, progress=False).metrics()
 
-    def _score_from_cut(self, selection: Selection) -> dict[str, float]:
+    def _score_from_cut(self, selection: PlanSelection) -> dict[str, float]:
         assert self.runner is not None
         if not self.cuts:
             self._choose_cuts()
@@ -188,7 +188,7 @@ class JointEvaluator:
         assert self.anchor is not None
         return self.anchor.passes[kind][cut][index]
 
-    def _start(self, selection: Selection) -> fx.Node:
+    def _start(self, selection: PlanSelection) -> fx.Node:
         """The latest kept cut point before the first layer ``selection`` changes against the anchor."""
         assert self.runner is not None
         anchor = self.anchor
@@ -236,7 +236,7 @@ class JointEvaluator:
         self.cuts = sorted(kept, key=runner.index.__getitem__)
         logger.debug("Joint evaluations keep values at %d cut point(s).", len(self.cuts))
 
-    def _masks(self, selection: Selection) -> tuple[list[tuple[torch.Tensor, Any]], list[Any]]:
+    def _masks(self, selection: PlanSelection) -> tuple[list[tuple[torch.Tensor, Any]], list[Any]]:
         """The slices to zero and the BatchNorm layers to re-estimate for ``selection``."""
         pruned = [pick for pick in selection.values() if pick[1]]
         slices = [piece for pick in pruned for piece in self._slices_of(pick)]

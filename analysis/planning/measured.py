@@ -409,7 +409,7 @@ def _picks(options: Sequence[GroupOptions], choices: Mapping[str, Choice]) -> Pi
 
 
 @dataclass
-class Scoring:
+class PlanScoring:
     """How the measured method scores plans: on which images, with which calibration images.
 
     Attributes:
@@ -427,7 +427,9 @@ class Scoring:
     calibration_fingerprint: str | None = None
 
     @classmethod
-    def from_loaders(cls, data: EvalLoader, calibration: EvalLoader | None, search_images: int, seed: int) -> Scoring:
+    def from_loaders(
+        cls, data: EvalLoader, calibration: EvalLoader | None, search_images: int, seed: int
+    ) -> PlanScoring:
         """Score on ``data``; the search re-estimates on a seeded class-balanced subset of ``search_images`` of the
         calibration images, the finalists on all of them."""
         if calibration is None:
@@ -442,7 +444,7 @@ def build_measured_plan(
     example_input: torch.Tensor,
     analysis_file: str | Path,
     target: float,
-    scoring: Scoring,
+    scoring: PlanScoring,
     measure: str = "macs",
     settings: SearchSettings | None = None,
     progress: bool | None = None,

@@ -58,7 +58,7 @@ class ReportFiles:
 
 
 @dataclass(frozen=True)
-class AnalysisData:
+class ReportData:
     """An analysis file as the report reads it: the measured losses and, when present, the JSON sidecar."""
 
     path: Path
@@ -69,7 +69,7 @@ class AnalysisData:
 # ------------------------------------------------------------------------------------------------------ loading
 
 
-def load_analysis(analysis_file: str | os.PathLike[str]) -> AnalysisData:
+def load_analysis(analysis_file: str | os.PathLike[str]) -> ReportData:
     """Load an analysis file and its sidecar for reporting; parameters without any measured ratio are left out.
 
     Raises:
@@ -84,7 +84,7 @@ def load_analysis(analysis_file: str | os.PathLike[str]) -> AnalysisData:
             f"Analysis file {path} holds no measured losses, so there is nothing to report; run the analysis (at "
             "least one layer and ratio) first."
         )
-    return AnalysisData(path, sensitivities, schema.load(path))
+    return ReportData(path, sensitivities, schema.load(path))
 
 
 def _settings(sidecar: Sidecar | None) -> SettingsRecord:
@@ -107,7 +107,7 @@ def variant(sidecar: Sidecar | None, name: str, ratio: float) -> VariantRecord |
     return None if sidecar is None else sidecar.variant(name, ratio)
 
 
-def savings_at(data: AnalysisData, ratio: float, measure: str = "macs") -> dict[str, float] | None:
+def savings_at(data: ReportData, ratio: float, measure: str = "macs") -> dict[str, float] | None:
     """Per parameter, the fraction of the dense model's MACs (or ``params``) saved by pruning it alone at ``ratio``.
 
     Returns:
@@ -196,7 +196,7 @@ def _model_description(config: ConfigRecord, fingerprint: FingerprintRecord) -> 
     return ("not recorded" + hash_note if model_hash else "not recorded"), "not recorded"
 
 
-def _evaluation_seconds(data: AnalysisData) -> float | None:
+def _evaluation_seconds(data: ReportData) -> float | None:
     """Seconds spent evaluating variants, each shared variant (coupled parameters) counted once."""
     sidecar = data.sidecar
     if sidecar is None:
@@ -231,7 +231,7 @@ def _loss_definition(sidecar: Sidecar | None, label: str) -> str:
     return f"{label} = ({worse}) / |baseline {metric}|; positive means worse"
 
 
-def _summary(data: AnalysisData, target_loss: float | None, label: str) -> str:
+def _summary(data: ReportData, target_loss: float | None, label: str) -> str:
     sidecar = data.sidecar or Sidecar()
     config = sidecar.config or ConfigRecord()
     fingerprint = sidecar.fingerprint or FingerprintRecord()
@@ -324,7 +324,7 @@ def _cell_title(record: VariantRecord | None) -> str:
     return "; ".join(parts)
 
 
-def _loss_table(data: AnalysisData, target_loss: float | None, ratio: float, label: str) -> str:
+def _loss_table(data: ReportData, target_loss: float | None, ratio: float, label: str) -> str:
     ratios = analysed_ratios(data.sensitivities)
     values = [loss for curve in data.sensitivities.values() for loss in curve.values()]
     cmap, norm = loss_colouring(values)
@@ -490,7 +490,7 @@ def _figure(png: bytes, alt: str, caption: str) -> str:
 
 
 def render_html(
-    data: AnalysisData,
+    data: ReportData,
     curves_png: bytes,
     heatmap_png: bytes,
     savings_png: bytes,

@@ -18,8 +18,7 @@ from torch import nn
 from analysis.config import LABEL_FREE_METRICS, Config
 from analysis.engine.batchnorm import recalibrate_copy
 from analysis.engine.evaluate import evaluate
-from analysis.engine.fidelity import Scoring as MetricScoring
-from analysis.engine.fidelity import fidelity_evaluator
+from analysis.engine.fidelity import PassMetrics, fidelity_evaluator
 from analysis.errors import AnalysisFileError, ConfigError
 from analysis.inputs.build import Inputs, build_inputs, needs_calibration
 from analysis.io import sidecar as schema
@@ -29,7 +28,7 @@ from analysis.io.results import ratios_path
 from analysis.io.sidecar import Sidecar
 from analysis.planning.estimates import estimate_notice
 from analysis.planning.export import export_pruned
-from analysis.planning.measured import Scoring, SearchSettings, build_measured_plan
+from analysis.planning.measured import PlanScoring, SearchSettings, build_measured_plan
 from analysis.planning.plan import build_plan, plan_from_ratios
 from analysis.planning.result import PlanResult
 from analysis.planning.verify import CalibrationCheck, check_calibration, verify_plan
@@ -155,10 +154,10 @@ def run_plan_step(
     return result
 
 
-def _scoring(inputs: Inputs, search: SearchSettings, seed: int) -> Scoring:
+def _scoring(inputs: Inputs, search: SearchSettings, seed: int) -> PlanScoring:
     """The measured method scores plans on the evaluation data, re-estimating BatchNorm on the calibration images."""
     calibration = inputs.calibration.loader if inputs.calibration is not None else None
-    return Scoring.from_loaders(inputs.loader, calibration, search.calibration_images, seed)
+    return PlanScoring.from_loaders(inputs.loader, calibration, search.calibration_images, seed)
 
 
 def _batchnorm_note(layers: list[str], calibration: dict[str, Any], check: CalibrationCheck | None) -> dict[str, Any]:
@@ -180,7 +179,7 @@ def _evaluation(
     analysis, against the dense model's own outputs on the same images (its metric is then measured too)."""
     metric = config.SensitivityAnalysis.metric
     if metric in LABEL_FREE_METRICS:
-        scoring = MetricScoring(metric, labelled=config.Global.labels != "none")
+        scoring = PassMetrics(metric, labelled=config.Global.labels != "none")
         return fidelity_evaluator(scoring, inputs.model, inputs.loader, inputs.example_input.device)
     return _baseline(inputs, analysis_file, progress), lambda m: evaluate(
         m, inputs.loader, progress=progress, desc="verify"
