@@ -18,7 +18,7 @@ from PIL import Image
 
 from analysis.errors import AnalysisFileError, ConfigError
 from analysis.io.results import save_sensitivities, save_sidecar
-from analysis.planning.ratios import get_ratios_by_loss
+from analysis.planning.ratios import TargetRatios, get_ratios_by_loss
 from analysis.reporting.plots import curves_size, heatmap_size, loss_colouring, plot_curves, savings_size
 from analysis.reporting.report import report_paths, write_report
 
@@ -163,7 +163,7 @@ def test_pngs_have_the_documented_sizes_and_real_content(report: tuple[Path, Any
 def test_curve_panels_grow_with_the_number_of_layers(tmp_path: Path) -> None:
     curves = {f"l{i}.weight": {0.1: 0.01 * i, 0.5: 0.02 * i} for i in range(20)}
     # 20 layers -> 3 panels of at most 8 -> 2 columns x 2 rows: 1500 x (2 * 400 + 50)
-    plot_curves(curves, tmp_path / "c.png", target_loss=0.1)
+    plot_curves(curves, tmp_path / "c.png", target=TargetRatios.derive(curves, 0.1))
     assert _pixels(tmp_path / "c.png").size == (1500, 850) == curves_size(20)
     assert curves_size(8) == (750, 450) and curves_size(9) == (1500, 450)
 

@@ -10,8 +10,23 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TargetRatios:
+    """A ``target_loss`` and the ratios PaddleSlim's rule derives from it: derived once, read by the loss table and
+    the plots alike."""
+
+    loss: float
+    ratios: dict[str, float]
+
+    @classmethod
+    def derive(cls, sensitivities: Mapping[str, Mapping[float, float]], loss: float) -> TargetRatios:
+        """Apply :func:`get_ratios_by_loss` to ``sensitivities``."""
+        return cls(loss, get_ratios_by_loss(sensitivities, loss))
 
 
 def get_ratios_by_loss(sensitivities: Mapping[str, Mapping[float, float]], loss: float) -> dict[str, float]:

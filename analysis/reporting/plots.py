@@ -39,7 +39,7 @@ from matplotlib.figure import Figure
 from analysis.errors import ConfigError
 from analysis.io.atomic import atomic_write_bytes
 from analysis.io.results import normalise_ratio
-from analysis.planning.ratios import get_ratios_by_loss
+from analysis.planning.ratios import TargetRatios
 
 DPI = 100
 """Every PNG is rendered at this resolution; figure sizes are whole multiples of 0.25 inch (25 pixels)."""
@@ -201,7 +201,7 @@ def _measured(sensitivities: Mapping[str, Mapping[float, float]]) -> dict[str, d
 def plot_curves(
     sensitivities: Mapping[str, Mapping[float, float]],
     path: str | os.PathLike[str],
-    target_loss: float | None = None,
+    target: TargetRatios | None = None,
     label: str = "loss",
 ) -> Path:
     """Plot loss against pruned ratio, one line per parameter, in panels of at most eight in model order.
@@ -209,8 +209,8 @@ def plot_curves(
     Args:
         sensitivities: ``{param: {ratio: loss}}`` in model order.
         path: The PNG to write (size: :func:`curves_size`).
-        target_loss: Draws the target as a dashed line and marks each parameter's derived ratio on it
-            (:func:`~analysis.planning.ratios.get_ratios_by_loss`), also given in the legend.
+        target: Draws the target loss as a dashed line and marks each parameter's derived ratio on it, also given
+            in the legend.
         label: What the loss is, for the y axis.
 
     Raises:
@@ -218,7 +218,8 @@ def plot_curves(
     """
     measured = _measured(sensitivities)
     names = list(measured)
-    derived = get_ratios_by_loss(measured, target_loss) if target_loss is not None else {}
+    derived = target.ratios if target is not None else {}
+    target_loss = target.loss if target is not None else None
     chunks = [names[i : i + LINES_PER_PANEL] for i in range(0, len(names), LINES_PER_PANEL)]
     size = curves_size(len(names))
     columns = min(2, len(chunks))

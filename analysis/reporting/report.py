@@ -31,7 +31,7 @@ from analysis.io.sidecar import (
     VariantRecord,
     VerificationRecord,
 )
-from analysis.planning.ratios import get_ratios_by_loss
+from analysis.planning.ratios import TargetRatios
 from analysis.reporting._format import LABEL_FREE_LOSSES, loss_difference
 from analysis.reporting.plots import (
     LINES_PER_PANEL,
@@ -231,7 +231,7 @@ def _loss_definition(sidecar: Sidecar | None, label: str) -> str:
     return f"{label} = ({worse}) / |baseline {metric}|; positive means worse"
 
 
-def _summary(data: ReportData, target_loss: float | None, label: str) -> str:
+def _summary(data: ReportData, target: TargetRatios | None, label: str) -> str:
     sidecar = data.sidecar or Sidecar()
     config = sidecar.config or ConfigRecord()
     fingerprint = sidecar.fingerprint or FingerprintRecord()
@@ -291,8 +291,8 @@ def _summary(data: ReportData, target_loss: float | None, label: str) -> str:
         base = baseline.get("seconds")
         extra = f" (+ {base:.1f} s baseline)" if base is not None else ""
         rows.append(("evaluation time", _e(f"{seconds:.1f} s summed over variants{extra}")))
-    if target_loss is not None:
-        rows.append(("target loss", _e(explain_target_loss(target_loss))))
+    if target is not None:
+        rows.append(("target loss", _e(explain_target_loss(target.loss))))
     if tool is not None:
         rows.append(("tool", _e(f"{tool.name or ''} {tool.version or ''}".strip())))
     if sidecar.saved_at:
@@ -324,18 +324,19 @@ def _cell_title(record: VariantRecord | None) -> str:
     return "; ".join(parts)
 
 
-def _loss_table(data: ReportData, target_loss: float | None, ratio: float, label: str) -> str:
+def _loss_table(data: ReportData, target: TargetRatios | None, ratio: float, label: str) -> str:
     ratios = analysed_ratios(data.sensitivities)
     values = [loss for curve in data.sensitivities.values() for loss in curve.values()]
     cmap, norm = loss_colouring(values)
-    derived = get_ratios_by_loss(data.sensitivities, target_loss) if target_loss is not None else {}
+    derived = target.ratios if target is not None else {}
     macs = savings_at(data, ratio, "macs")
     params_saved = savings_at(data, ratio, "params")
     head = ['<th class="num">#</th>', "<th>parameter</th>", "<th>shape</th>"]
     names = list(data.sensitivities)
     extra: list[tuple[str, dict[str, str]]] = []  # (header, {param: cell text}) after the loss columns
     if derived:
-        extra.append((f"ratio at target {target_loss:g}", {name: f"{derived[name]:.4f}" for name in names}))
+        assert target is not None
+        extra.append((f"ratio at target {target.loss:g}", {name: f"{derived[name]:.4f}" for name in names}))
     for key, saved in (("MACs", macs), ("params", params_saved)):
         if saved:
             extra.append((f"{key} saved at {ratio:g}", {name: percent(saved.get(name)) for name in names}))
@@ -361,9 +362,9 @@ def _loss_table(data: ReportData, target_loss: float | None, ratio: float, label
         f"Each cell is the {_e(label)} with that layer alone pruned at that ratio (white: no loss, red: loss, blue: "
         "gain); hover a cell for its metrics. Rows are in model order."
     ]
-    if derived:
+    if target is not None and derived:
         notes.append(
-            f"The ratio at target is PaddleSlim's <code>get_ratios_by_loss</code> rule for target {_e(target_loss)}."
+            f"The ratio at target is PaddleSlim's <code>get_ratios_by_loss</code> rule for target {_e(target.loss)}."
         )
     if macs:
         cost = None if data.sidecar is None else data.sidecar.cost
@@ -494,7 +495,7 @@ def render_html(
     curves_png: bytes,
     heatmap_png: bytes,
     savings_png: bytes,
-    target_loss: float | None = None,
+    target: TargetRatios | None = None,
     ratio: float | None = None,
 ) -> str:
     """Return the self-contained HTML report: summary, loss table, unprunable convs, the plots and the config.
@@ -504,7 +505,7 @@ def render_html(
         curves_png: The curves plot, embedded as a data URI (likewise the next two).
         heatmap_png: The heatmap.
         savings_png: The savings plot.
-        target_loss: Adds the derived ratios to the loss table and explains the target.
+        target: Adds the derived ratios to the loss table and explains the target.
         ratio: The ratio of the MACs columns; default the largest analysed one.
 
     Raises:
@@ -540,15 +541,15 @@ def render_html(
         random_weights,
         no_sidecar,
         "<h2>Run</h2>",
-        _summary(data, target_loss, label),
+        _summary(data, target, label),
         "<h2>Losses</h2>",
-        _loss_table(data, target_loss, ratio, label),
+        _loss_table(data, target, ratio, label),
         "<h2>Plots</h2>",
         _figure(
             curves_png,
             "loss curves per layer",
             f"{label} against pruned ratio, in panels of {LINES_PER_PANEL} layers in model order"
-            + (f"; dashed: target {target_loss:g}, triangles: derived ratios" if target_loss is not None else "."),
+            + (f"; dashed: target {target.loss:g}, triangles: derived ratios" if target is not None else "."),
         ),
         _figure(heatmap_png, "loss heatmap", f"{label} per layer (rows, model order) and pruned ratio (columns)."),
         _figure(
@@ -609,7 +610,8 @@ def write_report(
     ratio = resolve_ratio(data.sensitivities, ratio, str(data.path))
     files = report_paths(analysis_file, out_dir)
     label = loss_label(data.sidecar)
-    plot_curves(data.sensitivities, files.curves, target_loss, label)
+    target = TargetRatios.derive(data.sensitivities, target_loss) if target_loss is not None else None
+    plot_curves(data.sensitivities, files.curves, target, label)
     plot_heatmap(data.sensitivities, files.heatmap, label)
     plot_savings(
         data.sensitivities,
@@ -624,7 +626,7 @@ def write_report(
         files.curves.read_bytes(),
         files.heatmap.read_bytes(),
         files.savings.read_bytes(),
-        target_loss,
+        target,
         ratio,
     )
     atomic_write_text(files.html, text)
