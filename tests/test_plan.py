@@ -4,6 +4,8 @@ exported model reproduce what was measured, and the report shows predicted again
 from __future__ import annotations
 
 import json
+import logging
+import math
 import random
 import shutil
 from collections.abc import Callable
@@ -19,7 +21,7 @@ from analysis.engine.evaluate import evaluate
 from analysis.errors import UserError
 from analysis.inputs.data import build_eval_loader
 from analysis.inputs.models import build_model
-from analysis.io.results import load_sidecar
+from analysis.io.results import load_sidecar, save_sensitivities
 from analysis.planning.export import load_pruned
 from analysis.planning.plan import build_plan, open_planner, plan_from_ratios
 from analysis.structure.flops import count_cost
@@ -27,7 +29,7 @@ from analysis.structure.groups import eval_mode, find_prunable, removal_group
 from analysis.structure.physical import jointly_pruned_copy
 
 from helpers import REPO, CliResult, batches, pseudo_labelled, randomize, tiny_global, write_config
-from tiny_models import tiny_densenet, tiny_grouped, tiny_inverted_residual, tiny_resnet
+from tiny_models import tiny_cnn, tiny_densenet, tiny_grouped, tiny_inverted_residual, tiny_resnet
 
 DEMO = ["digits_resnet.yaml", "digits_mobilenet.yaml"]
 TINY_CNN_CHANNELS = {"0.weight": 8, "3.weight": 16}  # tiny_cnn's prunable convs (width 8) and their channels
@@ -108,17 +110,71 @@ def test_summed_shape_changes_give_the_exact_joint_cost(factory, tmp_path: Path)
             )
 
 
-def test_plan_from_ratios_applies_each_group_once(tmp_path: Path) -> None:
+def test_plan_from_ratios_applies_each_group_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     model = randomize(tiny_resnet())
     example = batches(count=1)[0][0]
     path = analysed(model, tmp_path / "s.pkl")
     # conv1 and layer1.conv2 are coupled by the residual add: the first listed decides
-    plan = plan_from_ratios(model, example, path, {"conv1.weight": 0.25, "layer1.conv2.weight": 0.5,
-                                                   "layer2.conv1.weight": 0.5})  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="analysis"):
+        plan = plan_from_ratios(model, example, path, {"conv1.weight": 0.25, "layer1.conv2.weight": 0.5,
+                                                       "layer2.conv1.weight": 0.5})  # fmt: skip
     assert [(g.ranking_param, len(g.removed)) for g in plan.groups] == [("conv1.weight", 2),
                                                                         ("layer2.conv1.weight", 8)]  # fmt: skip
+    assert [r.getMessage() for r in caplog.records] == [
+        "layer1.conv2.weight is coupled to conv1.weight, listed earlier, whose ratio decides their shared channels."
+    ]
     with pytest.raises(UserError, match=r"'fc\.weight' is not a prunable unit of this model: coupled to the model"):
         plan_from_ratios(model, example, path, {"fc.weight": 0.5})
+
+
+def test_plan_from_ratios_predicts_each_group_from_its_measured_curve(tmp_path: Path) -> None:
+    model = randomize(tiny_cnn())
+    example = batches(count=1)[0][0]
+    path = analysed(model, tmp_path / "s.pkl", ratios=(0.25, 0.5))
+    # known losses: 0.weight (8 channels) measured at 2 and 4 channels, 3.weight (16) at 4 and 8
+    save_sensitivities(path, {"0.weight": {0.25: 0.1, 0.5: 0.3}, "3.weight": {0.25: 0.02, 0.5: 0.04}})
+    plan = plan_from_ratios(model, example, path, {"0": 0.375, "3.weight": 0.5})  # a module name works too
+    assert [(g.ranking_param, len(g.removed)) for g in plan.groups] == [("0.weight", 3), ("3.weight", 8)]
+    # 3 channels: halfway between the measured 2 (0.1) and 4 (0.3); 8 channels: exactly the largest measured count
+    assert [g.predicted_loss for g in plan.groups] == pytest.approx([0.2, 0.04])
+    assert plan.predicted_loss == pytest.approx(0.24) and plan.notice is None
+    assert (plan.measure, plan.method, plan.source) == ("macs", "ratios", "ratios")
+    assert (plan.dense.macs, plan.dense.params) == TINY_CNN_DENSE
+    assert (plan.pruned.macs, plan.pruned.params) == tiny_cnn_cost(3, 8)
+    assert plan.reduction == pytest.approx(1 - tiny_cnn_cost(3, 8)[0] / TINY_CNN_DENSE[0])
+    assert plan_from_ratios(model, example, path, {"0.weight": 0.0}, source="given.yaml").groups == []
+    assert plan_from_ratios(model, example, path, {"0.weight": 0.0}, source="given.yaml").source == "given.yaml"
+
+    beyond = plan_from_ratios(model, example, path, {"0.weight": 0.75})  # 6 channels: past the curve's end
+    assert len(beyond.groups[0].removed) == 6 and math.isnan(beyond.groups[0].predicted_loss)
+    assert math.isnan(beyond.predicted_loss) and beyond.notice is None  # unknown, said by the plan's own note
+
+    save_sensitivities(path, {"0.weight": {0.25: 0.7, 0.5: 0.9}, "3.weight": {0.25: 0.5, 0.5: 0.6}})
+    summed = plan_from_ratios(model, example, path, {"0.weight": 0.5, "3.weight": 0.5})
+    assert summed.predicted_loss == pytest.approx(1.5)
+    assert summed.notice is not None and "a relative top1 loss cannot exceed 1" in summed.notice
+
+
+@pytest.mark.parametrize(
+    ("ratios", "refusal"),
+    [
+        ({"0.weight": 1.0}, r"^ratios: 0\.weight has ratio 1\.0; ratios must lie in \[0, 1\)\.$"),
+        ({"0.weight": 1.5}, r"^ratios: 0\.weight has ratio 1\.5; ratios must lie in \[0, 1\)\.$"),
+        ({"0.weight": -0.1}, r"^ratios: 0\.weight has ratio -0\.1; ratios must lie in \[0, 1\)\.$"),
+        ({"0": 0.25, "0.weight": 0.5}, r"^ratios: '0' and '0\.weight' name the same param 0\.weight; list it once\.$"),
+        (
+            {"3.weigth": 0.5},
+            r"^ratios: '3\.weigth' is not a prunable unit of this model \(did you mean '3\.weight'\?\)\.$",
+        ),
+        ({"8.weight": 0.5}, r"^ratios: '8\.weight' is not a prunable unit of this model: .+\.$"),
+    ],
+)
+def test_plan_from_ratios_refuses_what_it_cannot_apply(ratios: dict[str, float], refusal: str, tmp_path: Path) -> None:
+    model = randomize(tiny_cnn())
+    example = batches(count=1)[0][0]
+    path = analysed(model, tmp_path / "s.pkl", ratios=(0.25, 0.5))
+    with pytest.raises(UserError, match=refusal):
+        plan_from_ratios(model, example, path, ratios)
 
 
 def test_unreachable_budget_is_one_clear_sentence(tmp_path: Path) -> None:
