@@ -580,3 +580,13 @@ def test_a_stored_fingerprint_without_settings_resumes(tmp_path: Path) -> None:
         data["fingerprint"] = {"model": "other", "data": "d"}
         write_sidecar(path, data)
         AnalysisStore(path, Fingerprint("m", "d", {"metric": "top1"}), ["a.weight"])
+
+
+def test_a_variant_is_found_under_a_key_written_with_other_formatting() -> None:
+    half, quarter = VariantRecord(loss=0.5, mode="mask"), VariantRecord(loss=0.25, mode="mask")
+    record = ParamRecord(module="a", variants={"0.50": half, "0.25": quarter})  # "0.50": as another tool wrote it
+    assert record.variant(0.5) is half and record.variant(0.50000000000000001) is half
+    assert record.variant(0.25) is quarter and record.variant(0.75) is None
+    assert ParamRecord(module="a").variant(0.5) is None
+    sidecar = schema.Sidecar(params={"a.weight": record})
+    assert sidecar.variant("a.weight", 0.5) is half and sidecar.variant("b.weight", 0.5) is None
