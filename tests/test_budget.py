@@ -14,7 +14,7 @@ from analysis.planning.allocate import BudgetUnreachable, Choice, GroupOptions, 
 
 def group(name: str, points: list[tuple[float, float]]) -> GroupOptions:
     """A group whose choice k saves points[k][0] and loses points[k][1] (choice 0 must be (0, 0))."""
-    choices = [Choice(k, k / 10, name, loss, saved) for k, (saved, loss) in enumerate(points)]
+    choices = [Choice(k, name, loss, saved) for k, (saved, loss) in enumerate(points)]
     return GroupOptions([name], 10, choices)
 
 
@@ -225,3 +225,21 @@ def test_a_local_search_that_misses_the_exact_target_is_dropped() -> None:
         return 4.0 if selection == chosen else 0.0
 
     assert _improve([a], chosen, 2, only_the_input_meets_it) == chosen
+
+
+def test_many_groups_get_a_finer_default_resolution() -> None:
+    # 60 groups: the default unit is target / (100 x 60), so rounding costs at most 1% of the target (one unit per
+    # group); with whole savings and target 6000 that unit is exactly 1 and the bound is the exact optimum
+    rng = random.Random(0)
+    groups = []
+    for index in range(60):
+        saved, loss, points = 0, 0.0, [(0.0, 0.0)]
+        for _ in range(3):
+            saved += rng.randint(37, 61)
+            loss += rng.uniform(0.0, 0.3)
+            points.append((float(saved), loss))
+        groups.append(group(f"g{index}", points))
+    default = allocate(groups, 6000)
+    assert default.lower_bound == allocate(groups, 6000, resolution=6000).lower_bound
+    for other in (4000, 6060):  # the fixed default, and one unit more per group: both round, so the bound differs
+        assert default.lower_bound != pytest.approx(allocate(groups, 6000, resolution=other).lower_bound, abs=1e-9)

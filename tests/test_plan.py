@@ -21,9 +21,10 @@ from analysis.engine.evaluate import evaluate
 from analysis.errors import UserError
 from analysis.inputs.data import build_eval_loader
 from analysis.inputs.models import build_model
-from analysis.io.results import load_sidecar, save_sensitivities
+from analysis.io.results import load_sensitivities, load_sidecar, save_sensitivities
+from analysis.planning._curves import interpolate, monotone_curve
 from analysis.planning.export import load_pruned
-from analysis.planning.plan import build_plan, open_planner, plan_from_ratios
+from analysis.planning.plan import build_plan, open_planner, param_count, plan_from_ratios
 from analysis.structure.flops import count_cost
 from analysis.structure.groups import eval_mode, find_prunable, removal_group
 from analysis.structure.physical import jointly_pruned_copy
@@ -175,6 +176,77 @@ def test_plan_from_ratios_refuses_what_it_cannot_apply(ratios: dict[str, float],
     path = analysed(model, tmp_path / "s.pkl", ratios=(0.25, 0.5))
     with pytest.raises(UserError, match=refusal):
         plan_from_ratios(model, example, path, ratios)
+
+
+@pytest.mark.parametrize(
+    ("factory", "round_to"),
+    [(tiny_resnet, 1), (tiny_grouped, 1), (tiny_resnet, 4)],
+    ids=["plain", "grouped", "round_to"],
+)
+def test_planner_options_offer_the_allowed_counts_with_their_curve_loss_and_exact_saving(
+    factory, round_to: int, tmp_path: Path
+) -> None:
+    model = randomize(factory())
+    example = batches(count=1)[0][0]
+    path = tmp_path / "s.pkl"
+    ratios = (0.25, 0.5, 0.75)
+    analysis_prune(model, pseudo_labelled(model, batches(count=1)), path, pruned_ratios=ratios, round_to=round_to,
+                   progress=False)  # fmt: skip
+    # distinct, increasing losses (a random model's are mostly 0), so that every curve point matters
+    sensitivities = {name: {r: 0.01 * (index + 1) * (k + 1) for k, r in enumerate(ratios)}
+                     for index, name in enumerate(load_sensitivities(path))}  # fmt: skip
+    save_sensitivities(path, sensitivities)
+    with eval_mode(model):
+        planner, options = open_planner(model, example, path)
+        if factory is tiny_grouped:  # 16 channels in 4 conv groups: round(0.3 * 16) = 5 removed becomes 4
+            assert param_count(planner.by_name["reduce.weight"], 0.3) == 4
+        checked = 0
+        for group in options:
+            first = planner.by_name[group.members[0]]
+            step = math.lcm(round_to, max(1, len(first.conv_blocks)))  # conv groups and round_to both divide counts
+            assert group.choices[0].count == 0 and (group.choices[0].loss, group.choices[0].saved) == (0.0, 0.0)
+            assert all(c.count % step == 0 or (first.channels - c.count) % step == 0 for c in group.choices)
+            for choice in group.choices[1:]:
+                param = planner.by_name[choice.param]
+                counts = {r: param_count(param, r, round_to) for r in ratios}
+                exact = [
+                    (0.0, 0.0),
+                    *[(float(m), planner.saved_alone(choice.param, m)) for m in sorted(set(counts.values())) if m],
+                ]
+                assert choice.saved == pytest.approx(interpolate(exact, choice.count))
+                curve = monotone_curve([(counts[r], loss) for r, loss in sensitivities[choice.param].items()])
+                assert choice.loss == pytest.approx(interpolate(curve, choice.count)) and choice.loss > 0
+                checked += 1
+        assert checked > len(options)  # several counts per group were compared
+        if round_to == 4:  # 8 channels: 2 or 4 removed keep 6 or 4, rounded to a multiple of 4 kept: 8 and 4
+            assert [param_count(planner.by_name["conv1.weight"], r, 4) for r in (0.25, 0.5)] == [0, 4]
+
+
+def test_a_params_budget_is_planned_on_params(tmp_path: Path) -> None:
+    model = randomize(tiny_resnet())
+    example = batches(count=1)[0][0]
+    plan = build_plan(model, example, analysed(model, tmp_path / "s.pkl"), 0.3, "params")
+    assert plan.measure == "params" and plan.groups
+    assert 1 - plan.pruned.params / plan.dense.params >= 0.3
+    assert plan.reduction == pytest.approx(1 - plan.pruned.params / plan.dense.params)
+
+
+def test_plans_rank_channels_with_the_analysis_group_reduction(tmp_path: Path) -> None:
+    model = randomize(tiny_resnet())
+    with torch.no_grad():  # conv1 alone ranks channel 0 lowest; its residual partner, 1000x larger, ranks it highest
+        model.conv1.weight.copy_(torch.arange(1.0, 9.0).reshape(8, 1, 1, 1).expand_as(model.conv1.weight))
+        model.layer1.conv2.weight.copy_(
+            1000 * torch.arange(8.0, 0.0, -1).reshape(8, 1, 1, 1).expand_as(model.layer1.conv2.weight)
+        )
+    example = batches(count=1)[0][0]
+    removed = {}
+    for reduction in ("self", "mean"):
+        path = tmp_path / f"{reduction}.pkl"
+        analysis_prune(model, pseudo_labelled(model, batches(count=1)), path, pruned_ratios=(0.25,),
+                       prune_params=["conv1.weight"], group_reduction=reduction, progress=False)  # fmt: skip
+        plan = plan_from_ratios(model, example, path, {"conv1.weight": 0.25})
+        removed[reduction] = plan.groups[0].removed
+    assert removed == {"self": [0, 1], "mean": [6, 7]}
 
 
 def test_unreachable_budget_is_one_clear_sentence(tmp_path: Path) -> None:

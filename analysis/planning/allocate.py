@@ -16,14 +16,12 @@ class Choice:
 
     Attributes:
         count: Channels removed from the group (0 = not pruned).
-        ratio: ``count / channels`` (what the ratios YAML lists).
         param: The param whose channel ranking picks the channels (and whose measured curve predicts the loss).
         loss: Predicted loss: the param's measured curve, interpolated linearly in ``count`` (0 at 0).
         saved: Predicted MACs (or params) saved when this group alone is pruned so.
     """
 
     count: int
-    ratio: float
     param: str
     loss: float
     saved: float

@@ -494,8 +494,7 @@ def build_measured_plan(
             else float("nan")
         )
         choices = {
-            group.key: Choice(count, round(count / group.channels, 6), param,
-                              planner.member_loss(sensitivities, param, count) if count else 0.0, 0.0)
+            group.key: Choice(count, param, planner.member_loss(sensitivities, param, count) if count else 0.0, 0.0)
             for group in options
             for param, count in [result.best.picks[group.key]]
         }  # fmt: skip

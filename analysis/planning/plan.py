@@ -432,7 +432,7 @@ class Planner:
                 if count <= losses[-1][0]
             ]
             loss, saving, name = min(candidates)  # the member whose ranking is predicted to hurt least
-            choices.append(Choice(count, round(count / channels, 6), name, 0.0 if count == 0 else loss, saving))
+            choices.append(Choice(count, name, 0.0 if count == 0 else loss, saving))
         return GroupOptions([p.name for p in members], channels, choices)
 
     def member_loss(self, sensitivities: Mapping[str, Mapping[float, float]], name: str, count: int) -> float:
