@@ -4,6 +4,8 @@ naming the file and the key, the one variant key, and the key order the store wr
 from __future__ import annotations
 
 import json
+import logging
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from analysis.errors import AnalysisFileError
 from analysis.io import sidecar as schema
 from analysis.io.results import load_sensitivities, save_sensitivities, sidecar_path
 from analysis.io.sidecar import (
+    CostRecord,
     EarlyStopRecord,
     FingerprintRecord,
     ParamRecord,
@@ -590,3 +593,47 @@ def test_a_variant_is_found_under_a_key_written_with_other_formatting() -> None:
     assert ParamRecord(module="a").variant(0.5) is None
     sidecar = schema.Sidecar(params={"a.weight": record})
     assert sidecar.variant("a.weight", 0.5) is half and sidecar.variant("b.weight", 0.5) is None
+    assert list(sidecar.variants()) == [("a.weight", 0.5, half), ("a.weight", 0.25, quarter)]
+
+
+def test_a_store_records_the_tool_the_config_and_when_it_saved(tmp_path: Path) -> None:
+    from analysis import __version__
+
+    path = tmp_path / "s.pkl"
+    store = AnalysisStore(path, Fingerprint("m", "d", {"metric": "top1"}), ["a.weight"], config={"api": "test"})
+    store.set_cost(CostRecord(convention="MACs", mode="macs", macs=100, params=10))  # a typed record as it is
+    store.record_variant(["a.weight"], 0.5, VariantRecord(loss=0.25, metrics={"top1": 0.75}, mode="mask"))
+    store.mark_early_stop("a.weight", 0.5, "c")
+    store.clear_early_stop("a.weight")
+    store.save()
+    written = json.loads(sidecar_path(path).read_text())
+    assert written["tool"] == {"name": "prune-sensitivity", "version": __version__}
+    assert written["config"] == {"api": "test"} and written["cost"]["macs"] == 100
+    assert "early_stop" not in written["params"]["a.weight"] and store.early_stops() == {}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4}", written["saved_at"])
+    # resuming without a config keeps the stored one
+    assert (
+        AnalysisStore(path, Fingerprint("m", "d", {"metric": "top1"}), ["a.weight"]).sidecar.config
+        == store.sidecar.config
+    )
+
+
+def test_overwrite_starts_afresh_and_a_resume_says_what_it_cannot_check(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "s.pkl"
+    store = AnalysisStore(path, Fingerprint("m", "d", {"metric": "top1"}), ["a.weight"])
+    store.record_variant(["a.weight"], 0.5, VariantRecord(loss=0.25, metrics={"top1": 0.75}, mode="mask"))
+    store.save()
+    fresh = AnalysisStore(path, Fingerprint("other", "d", {"metric": "top1"}), ["a.weight"], overwrite=True)
+    assert fresh.sensitivities == {} and fresh.sidecar.param("a.weight") is None  # nothing kept, nothing refused
+
+    sidecar_path(path).unlink()
+    save_sensitivities(path, {name: {0.5: 0.1} for name in ["a.weight", *[f"gone{i}.weight" for i in range(6)]]})
+    with caplog.at_level(logging.WARNING, logger="analysis"):
+        AnalysisStore(path, Fingerprint("m", "d", {"metric": "top1"}), ["a.weight"])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path} has no sidecar (s.pkl.json), so it cannot be checked against this model and data; resuming anyway.",
+        f"{path} holds 6 parameter(s) this model does not have; they are kept and not evaluated: gone0.weight, "
+        "gone1.weight, gone2.weight, gone3.weight, gone4.weight, ...",
+    ]
