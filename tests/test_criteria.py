@@ -199,3 +199,51 @@ def test_select_channels_with_interleaved_blocks_maps_back_to_channel_indices() 
     # Ratio 0.75 -> 6 -> 3 per block: block 0 gives 6, 4, 2; block 1 gives 1 (0.0), 7 (5.0) and then the tie 7.0
     # at channels 3 and 5 goes to the lower index, 3.
     assert select_channels(scores, 0.75, [[0, 2, 4, 6], [1, 3, 5, 7]]) == [1, 2, 3, 4, 6, 7]
+
+
+class _AddedLinears(nn.Module):
+    """Two Linear layers whose outputs are added: their neurons are one coupled group."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.head = nn.Linear(4, 6), nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.fc1(x) + self.fc2(x)))
+
+
+def test_mean_group_reduction_averages_the_out_channel_members_of_the_group() -> None:
+    from tiny_models import tiny_resnet
+
+    torch.manual_seed(0)
+    model = tiny_resnet().eval()
+    with torch.no_grad():
+        for layer in (model.bn1, model.layer1.bn2):
+            layer.weight.copy_(torch.randn(8))
+    example = torch.randn(1, 3, 16, 16)
+    graph = build_dependency_graph(model, example)
+    conv1 = next(p for p in find_prunable(model, example) if p.name == "conv1.weight")
+    partner = model.layer1.conv2.weight  # joined to conv1 by the residual add; consumers' input slices do not count
+    expected_l1 = (l1_norm(model.conv1.weight) + l1_norm(partner)) / 2
+    assert torch.allclose(channel_scores(model, graph, conv1, "l1_norm", "mean"), expected_l1)
+    expected_bn = (model.bn1.weight.abs() + model.layer1.bn2.weight.abs()) / 2
+    assert torch.allclose(channel_scores(model, graph, conv1, "bn_scale", "mean"), expected_bn)
+    assert torch.equal(channel_scores(model, graph, conv1, "l1_norm"), l1_norm(model.conv1.weight))  # default: self
+
+    linears = _AddedLinears().eval()
+    example = torch.randn(1, 4)
+    graph = build_dependency_graph(linears, example)
+    fc1 = next(p for p in find_prunable(linears, example) if p.name == "fc1.weight")
+    expected = (l1_norm(linears.fc1.weight) + l1_norm(linears.fc2.weight)) / 2
+    assert torch.allclose(channel_scores(linears, graph, fc1, "l1_norm", "mean"), expected)
+
+
+def test_bn_scale_without_a_batchnorm_says_so() -> None:
+    linears = _AddedLinears().eval()
+    example = torch.randn(1, 4)
+    graph = build_dependency_graph(linears, example)
+    fc1 = next(p for p in find_prunable(linears, example) if p.name == "fc1.weight")
+    with pytest.raises(ValueError, match=r"^fc1\.weight has no BatchNorm after it$"):
+        channel_scores(linears, graph, fc1, "bn_scale")
+    with pytest.raises(ValueError, match=r"^fc1\.weight: some channels have no bn_scale score in the group$"):
+        channel_scores(linears, graph, fc1, "bn_scale", "mean")
