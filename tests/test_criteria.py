@@ -247,3 +247,13 @@ def test_bn_scale_without_a_batchnorm_says_so() -> None:
         channel_scores(linears, graph, fc1, "bn_scale")
     with pytest.raises(ValueError, match=r"^fc1\.weight: some channels have no bn_scale score in the group$"):
         channel_scores(linears, graph, fc1, "bn_scale", "mean")
+
+
+def test_ties_go_to_the_lower_index_also_in_long_and_blocked_rankings() -> None:
+    # argsort without stable=True reorders ties once there are about 100 of them
+    scores = torch.zeros(300)
+    scores[::3] = 1.0  # 200 tied zeros
+    assert select_channels(scores, 0.3) == [i for i in range(300) if i % 3][:90]
+    blocks = [list(range(0, 300, 2)), list(range(1, 300, 2))]  # interleaved, 150 channels each
+    chosen = select_channels(scores, 0.3, blocks)
+    assert chosen == sorted([c for c in blocks[0] if c % 3][:45] + [c for c in blocks[1] if c % 3][:45])

@@ -16,6 +16,7 @@ from analysis.structure.groups import (
     is_depthwise,
     is_grouped_conv,
     output_modules,
+    per_channel_extras,
     removal_group,
 )
 
@@ -481,3 +482,62 @@ def test_a_model_torch_pruning_cannot_trace_is_one_clear_error(monkeypatch: pyte
     expected = r"^Torch-Pruning cannot trace the channel dependencies of this TinyResNet \(ZeroDivisionError: integer"
     with pytest.raises(ModelError, match=expected):
         find_prunable(tiny_resnet().eval(), torch.randn(TINY_IMAGE))
+
+
+class _GainConv(nn.Conv2d):
+    """A conv with a learnable per-output-channel gain beside weight and bias (timm's ScaledStdConv2d style)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.gain = nn.Parameter(torch.ones(self.out_channels))
+        self.per_filter = nn.Parameter(torch.ones(self.out_channels, 1, 1, 1))
+        self.other = nn.Parameter(torch.ones(3))
+
+
+def test_per_channel_extras_are_every_parameter_indexed_by_output_channel() -> None:
+    conv = _GainConv(3, 8, 3)
+    assert [name for name, _ in per_channel_extras(conv)] == ["gain", "per_filter"]
+    assert per_channel_extras(nn.Linear(3, 8)) == [] and per_channel_extras(nn.Conv2d(3, 8, 3)) == []
+
+
+class _WideningBranch(nn.Module):
+    """A grouped conv that widens (8 -> 16 channels in 4 groups), added to a plain conv's output: it is an output-side
+    member of that conv's group, with other input than output channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.narrow = nn.Conv2d(3, 8, 3, padding=1)
+        self.plain = nn.Conv2d(3, 16, 3, padding=1)
+        self.widen = nn.Conv2d(8, 16, 3, padding=1, groups=4)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head((self.plain(x) + self.widen(self.narrow(x))).mean(dim=(2, 3)))
+
+
+def test_grouped_conv_blocks_come_from_the_side_of_the_group_it_is_on() -> None:
+    model = _WideningBranch().eval()
+    params = {p.name: p for p in find_prunable(model, torch.randn(1, 3, 8, 8))}
+    assert params["plain.weight"].prunable  # its group holds the grouped conv's 16 outputs: 4 per conv group
+    assert params["plain.weight"].conv_blocks == [list(range(k, k + 4)) for k in range(0, 16, 4)]
+    assert params["narrow.weight"].prunable  # its group holds the grouped conv's 8 inputs: 2 per conv group
+    assert params["narrow.weight"].conv_blocks == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+class _ConcatIntoGrouped(nn.Module):
+    """Two convs concatenated (4 + 4 channels) into a grouped conv (8 channels, 4 groups)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.left, self.right = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 3, padding=1)
+        self.grouped = nn.Conv2d(8, 8, 3, padding=1, groups=4)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.grouped(torch.cat([self.left(x), self.right(x)], dim=1)).mean(dim=(2, 3)))
+
+
+def test_channels_reaching_a_grouped_conv_through_a_concat_are_not_pruned() -> None:
+    params = {p.name: p for p in find_prunable(_ConcatIntoGrouped().eval(), torch.randn(1, 3, 8, 8))}
+    for name in ("left.weight", "right.weight"):
+        assert params[name].reason == "its channels reach a grouped conv (4 groups) through a concat or split"

@@ -96,13 +96,13 @@ def changed_tensors(model: nn.Module, before: dict[str, torch.Tensor]) -> list[s
 
 @contextmanager
 def recorded_outputs(model: nn.Module, graph: Any, group: Any) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Record, during the block, every output-channel member's (conv or BN) output at the removed channels."""
+    """Record, during the block, every output-channel member's (conv, Linear or BN) output at the removed channels."""
     names = {module: name for name, module in model.named_modules()}
     records: list[tuple[str, torch.Tensor]] = []
     hooks = []
     for item in group:
         module = item.dep.target.module
-        if isinstance(module, (nn.Conv2d, BatchNorm)) and graph.is_out_channel_pruning_fn(item.dep.handler):
+        if isinstance(module, (nn.Conv2d, nn.Linear, BatchNorm)) and graph.is_out_channel_pruning_fn(item.dep.handler):
             index = torch.tensor(list(item.idxs), dtype=torch.long)
 
             def hook(mod: nn.Module, _: object, out: torch.Tensor, index: torch.Tensor = index) -> None:
@@ -164,14 +164,32 @@ def compare_every_prunable_param(model: nn.Module, x: torch.Tensor, atol: float 
             result.failures.append(f"{name}: masked and physically pruned logits differ by {diff:.3g}")
         if (masked_logits - base).abs().max().item() <= 10 * atol:
             result.no_effect.append(name)  # e.g. the removed units are dead ReLUs on this batch
-        pruned_conv = pruned.get_submodule(param.module_name)
-        if pruned_conv.out_channels != param.channels - len(idx) or len(pruned_conv.weight) != pruned_conv.out_channels:
-            result.failures.append(f"{name}: pruned conv has {pruned_conv.out_channels} channels")
+        pruned_unit = pruned.get_submodule(param.module_name)
+        width = pruned_unit.out_features if isinstance(pruned_unit, nn.Linear) else pruned_unit.out_channels
+        if width != param.channels - len(idx) or len(pruned_unit.weight) != width:
+            result.failures.append(f"{name}: pruned unit has {width} channels")
         if sum(p.numel() for p in pruned.parameters()) >= base_size:
             result.failures.append(f"{name}: the pruned copy is not smaller")
         if changed := changed_tensors(model, before):
             result.failures.append(f"{name}: pruned_copy modified the original model: {changed[:3]}")
     return result
+
+
+class _BiasPReLU(nn.Module):
+    """Convs and a hidden Linear with biases, each followed by a PReLU (per channel, or one shared slope): masking
+    must zero the biases of removed channels, and leaves every PReLU as it is."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv1, self.act1 = nn.Conv2d(3, 8, 3, padding=1), nn.PReLU(8, init=0.1)
+        self.conv2, self.act2 = nn.Conv2d(8, 8, 3, padding=1), nn.PReLU(init=0.2)
+        self.conv3, self.act3 = nn.Conv2d(8, 2, 3, padding=1), nn.PReLU(2, init=0.3)
+        self.hidden, self.act4 = nn.Linear(2, 6), nn.PReLU(6, init=0.4)  # Linear neurons with a bias
+        self.fc = nn.Linear(6, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act3(self.conv3(self.act2(self.conv2(self.act1(self.conv1(x))))))
+        return self.fc(self.act4(self.hidden(x.mean(dim=(2, 3)))))
 
 
 TINY_NETS: dict[str, tuple[Callable[..., nn.Module], int]] = {
@@ -182,6 +200,7 @@ TINY_NETS: dict[str, tuple[Callable[..., nn.Module], int]] = {
     "flatten_head": (tiny_flatten_head, 2),
     "grouped": (tiny_grouped, 3),
     "channel_scale": (tiny_channel_scale, 2),
+    "bias_prelu": (_BiasPReLU, 4),
 }
 
 

@@ -54,8 +54,7 @@ def zeroed_slices(graph: tp.DependencyGraph, group: Iterable[Any]) -> list[Slice
             for tensor in (module.weight, module.bias):
                 if tensor is not None:
                     slices.append((tensor.data, (..., index) if isinstance(module, nn.LayerNorm) else index))
-        elif isinstance(module, nn.PReLU) and module.num_parameters > 1:
-            continue  # PReLU(0) == 0: nothing to zero
+        # PReLU (per channel or shared) needs nothing: PReLU(0) == 0 on a zeroed channel, whatever its slope
     return slices
 
 
