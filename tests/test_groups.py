@@ -541,3 +541,25 @@ def test_channels_reaching_a_grouped_conv_through_a_concat_are_not_pruned() -> N
     params = {p.name: p for p in find_prunable(_ConcatIntoGrouped().eval(), torch.randn(1, 3, 8, 8))}
     for name in ("left.weight", "right.weight"):
         assert params[name].reason == "its channels reach a grouped conv (4 groups) through a concat or split"
+
+
+class _TwoChannelDepthwise(nn.Module):
+    """A 2-channel conv, a 2-channel depthwise conv on it, and a conv feeding two grouped convs of 2 and 4 groups."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Conv2d(3, 2, 3, padding=1)
+        self.depthwise = nn.Sequential(nn.Conv2d(2, 2, 3, padding=1, groups=2), nn.BatchNorm2d(2), nn.ReLU())
+        self.wide = nn.Conv2d(2, 8, 1)
+        self.halves, self.quarters = nn.Conv2d(8, 8, 1, groups=2), nn.Conv2d(8, 8, 1, groups=4)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.wide(self.depthwise(self.first(x)))
+        return self.head((self.halves(x) + self.quarters(x)).mean(dim=(2, 3)))
+
+
+def test_a_two_channel_depthwise_conv_passes_channels_and_disagreeing_conv_groups_are_refused() -> None:
+    params = {p.name: p for p in find_prunable(_TwoChannelDepthwise().eval(), torch.randn(1, 3, 8, 8))}
+    assert params["first.weight"].prunable and params["first.weight"].conv_blocks == []  # 1 of 2 through the dw
+    assert params["wide.weight"].reason == "it feeds grouped convs whose conv groups disagree"
