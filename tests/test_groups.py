@@ -563,3 +563,22 @@ def test_a_two_channel_depthwise_conv_passes_channels_and_disagreeing_conv_group
     params = {p.name: p for p in find_prunable(_TwoChannelDepthwise().eval(), torch.randn(1, 3, 8, 8))}
     assert params["first.weight"].prunable and params["first.weight"].conv_blocks == []  # 1 of 2 through the dw
     assert params["wide.weight"].reason == "it feeds grouped convs whose conv groups disagree"
+
+
+class _SingleChannel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.single, self.wide, self.head = (
+            nn.Conv2d(1, 1, 3, padding=1),
+            nn.Conv2d(1, 4, 3, padding=1),
+            nn.Linear(4, 3),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.wide(self.single(x)).mean(dim=(2, 3)))
+
+
+def test_a_single_channel_conv_is_unprunable_for_that_reason() -> None:
+    params = {p.name: p for p in find_prunable(_SingleChannel().eval(), torch.randn(1, 1, 8, 8))}
+    assert params["single.weight"].reason == "has a single output channel"  # not a depthwise conv (1 group)
+    assert params["wide.weight"].prunable

@@ -637,3 +637,25 @@ def test_overwrite_starts_afresh_and_a_resume_says_what_it_cannot_check(
         f"{path} holds 6 parameter(s) this model does not have; they are kept and not evaluated: gone0.weight, "
         "gone1.weight, gone2.weight, gone3.weight, gone4.weight, ...",
     ]
+
+
+def test_the_store_takes_costs_and_configs_as_records_or_mappings(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "s.pkl"
+    store = AnalysisStore(
+        path, Fingerprint("m", "d", {}), ["a.weight"], config=schema.ConfigRecord.from_json({"api": "x"})
+    )
+    store.set_cost({"convention": "MACs", "mode": "macs", "macs": 100, "params": 10})
+    assert isinstance(store.sidecar.cost, CostRecord) and store.sidecar.cost.macs == 100
+    store.save()
+    reopened = AnalysisStore(path, Fingerprint("m", "d", {}), ["a.weight"], config=schema.ConfigRecord())
+    assert reopened.sidecar.config is not None and reopened.sidecar.config.to_json() == {"api": "x"}  # empty: kept
+
+    save_sensitivities(path, {name: {0.5: 0.1} for name in ["a.weight", *[f"gone{i}.weight" for i in range(5)]]})
+    with caplog.at_level(logging.WARNING, logger="analysis"):
+        AnalysisStore(path, Fingerprint("m", "d", {}), ["a.weight"])
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        f"{path} holds 5 parameter(s) this model does not have; they are kept and not evaluated: gone0.weight, "
+        "gone1.weight, gone2.weight, gone3.weight, gone4.weight"
+    ]
