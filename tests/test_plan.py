@@ -143,8 +143,12 @@ def test_plan_from_ratios_predicts_each_group_from_its_measured_curve(tmp_path: 
     assert (plan.dense.macs, plan.dense.params) == TINY_CNN_DENSE
     assert (plan.pruned.macs, plan.pruned.params) == tiny_cnn_cost(3, 8)
     assert plan.reduction == pytest.approx(1 - tiny_cnn_cost(3, 8)[0] / TINY_CNN_DENSE[0])
-    assert plan_from_ratios(model, example, path, {"0.weight": 0.0}, source="given.yaml").groups == []
-    assert plan_from_ratios(model, example, path, {"0.weight": 0.0}, source="given.yaml").source == "given.yaml"
+    given = plan_from_ratios(model, example, path, {"0.weight": 0.0, "3.weight": 0.5}, source="given.yaml")
+    assert [g.ranking_param for g in given.groups] == ["3.weight"] and given.source == "given.yaml"  # 0.0: unpruned
+
+    save_sensitivities(path, {"0.weight": {0.25: 0.1, 0.5: 0.3}})  # 3.weight not analysed: its loss is unknown
+    unanalysed = plan_from_ratios(model, example, path, {"3.weight": 0.5})
+    assert len(unanalysed.groups[0].removed) == 8 and math.isnan(unanalysed.groups[0].predicted_loss)
 
     beyond = plan_from_ratios(model, example, path, {"0.weight": 0.75})  # 6 channels: past the curve's end
     assert len(beyond.groups[0].removed) == 6 and math.isnan(beyond.groups[0].predicted_loss)

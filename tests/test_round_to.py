@@ -15,6 +15,7 @@ import torch
 from analysis import analysis_prune
 from analysis.errors import AnalysisFileError, ConfigError
 from analysis.io.results import load_sensitivities, load_sidecar
+from analysis.planning._curves import interpolate, monotone_curve
 from analysis.planning.export import CHANNELS_FILE, export_pruned, layer_shapes
 from analysis.planning.measured import PlanScoring, SearchSettings, build_measured_plan
 from analysis.planning.plan import build_plan, param_count, plan_from_ratios
@@ -236,6 +237,15 @@ def test_plan_from_ratios_maps_ratios_to_the_rounded_counts(tmp_path: Path) -> N
         assert removed[group.ranking_param] == removal_count(group.channels, ratios[group.ranking_param], 0, 8)
     assert plan.groups[-1].members == ["conv3.weight", "conv4.weight"]  # the residual pair shares one removal
     assert plan.settings["round_to"] == 8
+    sensitivities = load_sensitivities(path)
+    for group in plan.groups:  # each prediction reads the curve at the rounded counts the analysis measured
+        name = group.ranking_param
+        curve = monotone_curve(
+            [(removal_count(group.channels, r, 0, 8), loss) for r, loss in sensitivities[name].items()]
+        )
+        count = len(group.removed)
+        expected = interpolate(curve, count) if count <= curve[-1][0] else float("nan")
+        assert group.predicted_loss == pytest.approx(expected, nan_ok=True)
     unrounded = plan_from_ratios(model, data[0][0], analysed(tmp_path, round_to=1, name="plain.pkl")[2], ratios)
     assert {g.ranking_param: len(g.removed) for g in unrounded.groups} == {
         "conv1.weight": 5, "conv2.weight": 7, "conv3.weight": 14
