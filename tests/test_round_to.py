@@ -238,7 +238,10 @@ def test_plan_from_ratios_maps_ratios_to_the_rounded_counts(tmp_path: Path) -> N
     assert plan.groups[-1].members == ["conv3.weight", "conv4.weight"]  # the residual pair shares one removal
     assert plan.settings["round_to"] == 8
     sensitivities = load_sensitivities(path)
-    for group in plan.groups:  # each prediction reads the curve at the rounded counts the analysis measured
+    # each prediction reads the curve at the rounded counts the analysis measured; conv3 at 0.2 (8 of 32 removed) lies
+    # between the unrounded counts 6 and 13, where a curve over unrounded counts would interpolate another loss
+    other = plan_from_ratios(model, data[0][0], path, {"conv3.weight": 0.2})
+    for group in [*plan.groups, *other.groups]:
         name = group.ranking_param
         curve = monotone_curve(
             [(removal_count(group.channels, r, 0, 8), loss) for r, loss in sensitivities[name].items()]
