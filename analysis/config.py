@@ -275,8 +275,7 @@ def validate_section(s: SensitivityConfig, prefix: str = "SensitivityAnalysis.")
     """Check the analysis settings the YAML block and the Python APIs share, naming each key as ``prefix`` + key
     (the APIs pass ``""``: their arguments carry the bare names); normalises the ratios to sorted ``round(r, 6)``.
 
-    One function for every entry, so ``run.py``, ``analysis_prune`` and NNI's ``SensitivityAnalysis`` accept and
-    refuse the same settings.
+    One function for both entries, so ``run.py`` and ``analysis_prune`` accept and refuse the same settings.
     """
     s.pruned_ratios = normalise_ratios(s.pruned_ratios, f"{prefix}pruned_ratios")
     check_target_loss(s.target_loss, f"{prefix}target_loss")

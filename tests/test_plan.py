@@ -10,6 +10,7 @@ import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -48,9 +49,10 @@ def tiny_cnn_cost(removed_first: int, removed_second: int) -> tuple[int, int]:
 TINY_CNN_DENSE = tiny_cnn_cost(0, 0)
 
 
-def analysed(model: torch.nn.Module, path: Path, ratios=(0.25, 0.5, 0.75)) -> Path:
+def analysed(model: torch.nn.Module, path: Path, ratios=(0.25, 0.5, 0.75), **options: Any) -> Path:
+    """Analyse ``model`` into ``path`` on two pseudo-labelled batches (``options``: analysis_prune's settings)."""
     data = pseudo_labelled(model, batches(count=2))
-    analysis_prune(model, data, path, pruned_ratios=ratios, progress=False)
+    analysis_prune(model, data, path, pruned_ratios=ratios, progress=False, **options)
     return path
 
 
@@ -194,8 +196,7 @@ def test_planner_options_offer_the_allowed_counts_with_their_curve_loss_and_exac
     example = batches(count=1)[0][0]
     path = tmp_path / "s.pkl"
     ratios = (0.25, 0.5, 0.75)
-    analysis_prune(model, pseudo_labelled(model, batches(count=1)), path, pruned_ratios=ratios, round_to=round_to,
-                   progress=False)  # fmt: skip
+    analysed(model, path, ratios, round_to=round_to)
     # distinct, increasing losses (a random model's are mostly 0), so that every curve point matters
     sensitivities = {name: {r: 0.01 * (index + 1) * (k + 1) for k, r in enumerate(ratios)}
                      for index, name in enumerate(load_sensitivities(path))}  # fmt: skip
@@ -246,8 +247,7 @@ def test_plans_rank_channels_with_the_analysis_group_reduction(tmp_path: Path) -
     removed = {}
     for reduction in ("self", "mean"):
         path = tmp_path / f"{reduction}.pkl"
-        analysis_prune(model, pseudo_labelled(model, batches(count=1)), path, pruned_ratios=(0.25,),
-                       prune_params=["conv1.weight"], group_reduction=reduction, progress=False)  # fmt: skip
+        analysed(model, path, (0.25,), prune_params=["conv1.weight"], group_reduction=reduction)
         plan = plan_from_ratios(model, example, path, {"conv1.weight": 0.25})
         removed[reduction] = plan.groups[0].removed
     assert removed == {"self": [0, 1], "mean": [6, 7]}

@@ -548,6 +548,15 @@ def test_the_store_writes_keys_in_the_order_a_dict_would(tmp_path: Path) -> None
     assert schema.load(path) == store.sidecar
 
 
+def saved_store(path: Path) -> Path:
+    """An analysis file of one param (``a.weight``, loss 0.25 at ratio 0.5) saved by a store fingerprinted as model
+    ``m``, data ``d``, metric top1."""
+    store = AnalysisStore(path, Fingerprint("m", "d", {"metric": "top1"}), ["a.weight"])
+    store.record_variant(["a.weight"], 0.5, VariantRecord(loss=0.25, metrics={"top1": 0.75}, mode="mask"))
+    store.save()
+    return path
+
+
 @pytest.mark.parametrize(
     ("model", "data", "refusal"),
     [
@@ -556,10 +565,7 @@ def test_the_store_writes_keys_in_the_order_a_dict_would(tmp_path: Path) -> None
     ],
 )
 def test_resuming_with_another_model_or_data_is_refused(tmp_path: Path, model: str, data: str, refusal: str) -> None:
-    path = tmp_path / "s.pkl"
-    store = AnalysisStore(path, Fingerprint("m", "d", {"metric": "top1"}), ["a.weight"])
-    store.record_variant(["a.weight"], 0.5, VariantRecord(loss=0.25, metrics={"top1": 0.75}, mode="mask"))
-    store.save()
+    path = saved_store(tmp_path / "s.pkl")
     with pytest.raises(AnalysisFileError, match=refusal):
         AnalysisStore(path, Fingerprint(model, data, {"metric": "top1"}), ["a.weight"])
     with pytest.raises(AnalysisFileError, match=r"computed with metric 'top1' \(this run uses 'top5'\)"):
@@ -570,10 +576,7 @@ def test_resuming_with_another_model_or_data_is_refused(tmp_path: Path, model: s
 
 
 def test_a_stored_fingerprint_without_settings_resumes(tmp_path: Path) -> None:
-    path = tmp_path / "s.pkl"
-    store = AnalysisStore(path, Fingerprint("m", "d", {"metric": "top1"}), ["a.weight"])
-    store.record_variant(["a.weight"], 0.5, VariantRecord(loss=0.25, metrics={"top1": 0.75}, mode="mask"))
-    store.save()
+    path = saved_store(tmp_path / "s.pkl")
     data = json.loads(sidecar_path(path).read_text())
     data["fingerprint"] = {"model": "m", "data": "d"}  # as files written before settings were fingerprinted
     write_sidecar(path, data)
@@ -621,10 +624,7 @@ def test_a_store_records_the_tool_the_config_and_when_it_saved(tmp_path: Path) -
 def test_overwrite_starts_afresh_and_a_resume_says_what_it_cannot_check(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = tmp_path / "s.pkl"
-    store = AnalysisStore(path, Fingerprint("m", "d", {"metric": "top1"}), ["a.weight"])
-    store.record_variant(["a.weight"], 0.5, VariantRecord(loss=0.25, metrics={"top1": 0.75}, mode="mask"))
-    store.save()
+    path = saved_store(tmp_path / "s.pkl")
     fresh = AnalysisStore(path, Fingerprint("other", "d", {"metric": "top1"}), ["a.weight"], overwrite=True)
     assert fresh.sensitivities == {} and fresh.sidecar.param("a.weight") is None  # nothing kept, nothing refused
 

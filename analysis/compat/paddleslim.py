@@ -122,7 +122,8 @@ def analysis_prune(
     if callable(data):
         if example_input is None:
             raise ConfigError("example_input is required when data is an eval function (it is used for tracing).")
-        evaluate_model, metric, fingerprint, batches = _function_evaluator(data), "score", None, None
+        evaluate_model, fingerprint, batches = _function_evaluator(data), None, None
+        metric = section.metric = "score"  # the eval function's score, whatever ``metric`` said
     else:
         batches = data
 
@@ -135,8 +136,6 @@ def analysis_prune(
         first_images, first_labels = first
         example_input = first_images if example_input is None else example_input
         fingerprint = _batch_fingerprint(first_images, first_labels)
-    if callable(data):
-        section.metric = metric  # the eval function's score
     settings = EngineSettings.from_section(section, seed=seed, progress=progress, early_stop=early_stop)
     calibration_fingerprint = None
     if adaptive_bn:
