@@ -20,8 +20,9 @@ from torch import nn
 
 import analysis.compat.paddleslim
 from analysis import analysis_prune, main
-from analysis.engine.reference import EngineReport, Executor
+from analysis.engine.executors import Executor
 from analysis.engine.run import AnalysisOutcome
+from analysis.engine.sensitivity import EngineReport
 from analysis.io.fingerprint import json_fingerprint
 from analysis.io.results import load_sensitivities, load_sidecar
 

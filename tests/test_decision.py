@@ -14,7 +14,7 @@ import torch
 
 from analysis import analysis_prune, find_prunable
 from analysis.config import load_config
-from analysis.engine import fast
+from analysis.engine import executors
 from analysis.engine._adaptive import PairedEstimate
 from analysis.engine._decision import Candidate, DecisionRule, ParamDecision, look_schedule
 from analysis.errors import AnalysisFileError, ConfigError
@@ -232,7 +232,7 @@ def test_a_killed_decision_run_resumes_to_the_same_file(tmp_path: Path, digits, 
     kwargs = {"pruned_ratios": RATIOS, "target_loss": TARGET, "precision": "decision", "progress": False,
               "prune_params": names}  # fmt: skip
     analysis_prune(model, loader, tmp_path / "whole.pkl", **kwargs)
-    monkeypatch.setattr(fast, "CHUNK_SECONDS", 0.0)  # one unit per pass: the kill lands between two units' saves
+    monkeypatch.setattr(executors, "CHUNK_SECONDS", 0.0)  # one unit per pass: the kill lands between two units' saves
     record, calls = AnalysisStore.record_variant, []
 
     def killed_after_some(self, names, ratio, variant):

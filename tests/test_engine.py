@@ -12,8 +12,8 @@ from torch import nn
 
 from analysis import analysis_prune
 from analysis.engine.evaluate import evaluate
+from analysis.engine.executors import Executor
 from analysis.engine.loss import relative_loss
-from analysis.engine.reference import Executor
 from analysis.errors import ConfigError, UserError
 from analysis.io.results import load_sensitivities, load_sidecar, ratios_path
 from analysis.structure.criteria import l1_norm, select_channels

@@ -13,7 +13,7 @@ from torch import nn
 import analysis.engine.partition
 from analysis import analysis_prune
 from analysis.config import load_config
-from analysis.engine.reference import Executor
+from analysis.engine.executors import Executor
 from analysis.inputs.data import apply_data_cache, build_eval_loader
 from analysis.inputs.models import build_model
 from analysis.structure.groups import find_prunable

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from analysis.engine.reference import EngineReport
 from analysis.engine.run import AnalysisOutcome
+from analysis.engine.sensitivity import EngineReport
 from analysis.reporting.summary import format_table
 from analysis.structure.groups import PrunableParam
 

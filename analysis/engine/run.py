@@ -9,8 +9,10 @@ from pathlib import Path
 import torch_pruning as tp
 from torch import nn
 
-from analysis.engine.fast import FastSensitivityEngine
-from analysis.engine.reference import EngineReport, SensitivityEngine
+from analysis.engine.executors import SuffixExecutor
+from analysis.engine.partition import GraphRunner, UntraceableModel
+from analysis.engine.samplers import make_sampler
+from analysis.engine.sensitivity import EngineReport, SensitivityEngine
 from analysis.engine.settings import AnalysisData, EngineSettings
 from analysis.io.results import Sensitivities
 from analysis.io.store import AnalysisStore
@@ -32,11 +34,11 @@ class AnalysisOutcome:
     ratios_file: Path | None = None
     early_stopped: dict[str, float] = field(default_factory=dict)
     estimated: dict[str, set[float]] = field(default_factory=dict)
-    """Per param, the ratios whose loss is an estimate (adaptive precision, decision-driven sampling)."""
+    """Per unit, the ratios whose loss is an estimate (adaptive precision, decision-driven sampling)."""
 
     @property
     def unprunable(self) -> dict[str, str]:
-        """Conv weights that were not analysed, with the reason (structural or found while running)."""
+        """Units that were not analysed, with the reason (structural or found while running)."""
         reasons = {p.name: p.reason for p in self.params if p.reason}
         reasons.update(self.report.skipped)
         return reasons
@@ -45,8 +47,15 @@ class AnalysisOutcome:
 def make_engine(
     model: nn.Module, data: AnalysisData, graph: tp.DependencyGraph, settings: EngineSettings, store: AnalysisStore
 ) -> SensitivityEngine:
-    """The engine ``settings.engine`` asks for; the fast one needs the data as batches."""
+    """The engine ``settings`` ask for: its sampler, and with ``engine: fast`` the torch.fx suffix executor (which
+    needs the data as batches and a model torch.fx can trace; otherwise every unit runs eagerly)."""
+    suffix = None
     if settings.engine == "fast" and data.batches is None:
         logger.info("The fast engine needs the data as batches (not an eval function); using the reference engine.")
-    fast = settings.engine == "fast" and data.batches is not None
-    return (FastSensitivityEngine if fast else SensitivityEngine)(model, data, graph, settings, store)
+    elif settings.engine == "fast":
+        try:
+            suffix = SuffixExecutor(GraphRunner(model), data.example_input.device)
+        except UntraceableModel as error:
+            logger.info("torch.fx cannot trace this model (%s); using the reference engine.", error)
+    sampler = make_sampler(settings, data.batches)
+    return SensitivityEngine(model, data, graph, settings, store, sampler=sampler, suffix=suffix)

@@ -1,9 +1,15 @@
-"""The sensitivity loop (reference engine): for each prunable conv and ratio, remove channels, evaluate, record.
+"""The sensitivity loop: for each unit (conv filters, neurons, heads) and ratio, remove channels, evaluate, record.
 
-One unit of work is one (param, ratio) variant: its channels are chosen with the criterion, removed from the
-whole coupled group (by masking, or on a physically pruned copy where masking is not exact, see
-:mod:`analysis.engine._modes`), the model is evaluated, and ``loss = (baseline - metric) / baseline`` is saved
-before the next unit starts.
+One variant is one (unit, ratio): its channels are chosen with the criterion and removed from the whole coupled group
+(by masking, or on a physically pruned copy where masking is not exact, see :mod:`analysis.engine._modes`); its loss
+``(baseline - metric) / baseline`` is saved with the unit's other variants once they are evaluated.
+
+The engine composes two independent choices: an *executor* runs a variant's forward pass (eager with masked slices,
+a physically pruned copy, or the torch.fx suffix from a prefix shared by many variants,
+:mod:`analysis.engine.executors`), and a *sampler* chooses which images each variant gets and when it stops (exact,
+adaptive precision, decision-driven, early stop, :mod:`analysis.engine.samplers`). The engine prepares each unit,
+picks its executor (the suffix where it is given one and it reproduces eager execution bit for bit, else eager or
+physical) and records what the sampler reports.
 """
 
 from __future__ import annotations
@@ -12,7 +18,6 @@ import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 
 import torch
 import torch_pruning as tp
@@ -25,17 +30,20 @@ from analysis.engine._adaptive import PairedEstimate, per_sample
 from analysis.engine._early_stop import StopLedger
 from analysis.engine._modes import MaskCheck
 from analysis.engine._variants import Prepared, changed_layers, prepare_elements, variant_slices
-from analysis.engine.batchnorm import (
-    BatchNorm,
-    changed_sources,
-    downstream_batchnorms,
-    layers_in_copy,
-    reestimate,
-    reestimated,
-)
+from analysis.engine.batchnorm import BatchNorm, Estimation, changed_sources, downstream_batchnorms
 from analysis.engine.evaluate import MetricSums
+from analysis.engine.executors import (
+    EagerExecutor,
+    Executor,
+    Job,
+    PhysicalExecutor,
+    SuffixExecutor,
+    Variant,
+    VariantExecutor,
+)
 from analysis.engine.fidelity import DenseOutputs, IndexedBatch, PassMetrics, image_count, indexed_batches
 from analysis.engine.loss import check_baseline, check_finite, format_metrics, relative_loss, without_timing
+from analysis.engine.samplers import Passes, Sampler, ordered_batches
 from analysis.engine.settings import AnalysisData, EngineSettings, Metrics
 from analysis.errors import UserError
 from analysis.io.sidecar import ParamRecord, VariantRecord
@@ -44,27 +52,11 @@ from analysis.progress import progress_bar
 from analysis.structure.criteria import channel_scores, select_channels
 from analysis.structure.flops import CostModel, summarise
 from analysis.structure.groups import PrunableParam, full_group
-from analysis.structure.masking import Slice, zeroed
-from analysis.structure.physical import pruned_copy
 
 logger = logging.getLogger(__name__)
 
 UNIT_NOUNS = {"conv": "channels", "linear": "neurons", "heads": "heads"}
 """What a variant of each kind of unit removes, for the log."""
-
-
-class Executor(Enum):
-    """What computed a variant's metrics in a run (kept in :attr:`EngineReport.executors`), so that a caller (and a
-    test comparing the engines) knows which path really evaluated it rather than which engine was asked for."""
-
-    FX_SUFFIX = "fx suffix"
-    """The fast engine: the variant's graph suffix, run from the unpruned prefix shared by every variant."""
-    EAGER = "eager"
-    """The reference path: one full forward pass of the model with the variant's slices zeroed."""
-    PHYSICAL = "physical"
-    """One full forward pass of a physically pruned copy (masking is not exact for the group)."""
-    BASELINE = "baseline"
-    """Nothing evaluated: the variant removes nothing, its metrics are the baseline's."""
 
 
 @dataclass
@@ -92,12 +84,7 @@ class RunState:
 
 
 class SensitivityEngine:
-    """Runs the (param, ratio) units of one analysis, resuming from and saving to an :class:`AnalysisStore`.
-
-    Engines that evaluate differently (:class:`~analysis.engine.fast.FastSensitivityEngine`) override
-    :meth:`measure_baseline` and :meth:`run_params` and build on :meth:`prepare`, :meth:`evaluate_variant`,
-    :meth:`dense_pass`, :meth:`record`, :meth:`slices` and :meth:`changed_layers`; nothing else of this class is
-    their business.
+    """Runs the (unit, ratio) variants of one analysis, resuming from and saving to an :class:`AnalysisStore`.
 
     With a label-free metric (``agreement``, ``kl``) every pass compares each image with the dense model's output
     on it, kept by the baseline pass (:attr:`dense`); the data's evaluator is then not used, the batches are.
@@ -108,6 +95,9 @@ class SensitivityEngine:
         graph: The dependency graph of ``model``.
         settings: Ratios, criterion, metric.
         store: Where results go.
+        sampler: Which images each variant gets (:func:`~analysis.engine.samplers.make_sampler`).
+        suffix: The torch.fx suffix executor, for the units it can run (None: every unit runs eagerly or on a
+            physically pruned copy).
     """
 
     def __init__(
@@ -117,10 +107,14 @@ class SensitivityEngine:
         graph: tp.DependencyGraph,
         settings: EngineSettings,
         store: AnalysisStore,
+        *,
+        sampler: Sampler,
+        suffix: SuffixExecutor | None = None,
     ) -> None:
         if settings.adaptive_bn and data.calibration is None:
             raise ValueError("adaptive_bn needs calibration batches")
         self.model, self.data, self.graph, self.settings, self.store = model, data, graph, settings, store
+        self.sampler, self.suffix = sampler, suffix
         self.device = data.example_input.device
         self.scoring = PassMetrics(settings.metric, labelled=bool(getattr(data.batches, "labelled", True)))
         check_scoring(self.scoring, data.batches is not None)
@@ -130,11 +124,17 @@ class SensitivityEngine:
         target = None if settings.decision is None else settings.decision.target
         self.stops = StopLedger(store, settings.early_stop, settings.metric, settings.ratios, target)
         self.costs = CostModel(model, data.example_input)  # MACs/params of the dense model and of each variant
+        self.eager = EagerExecutor(model, self.device)
+        self.physical = PhysicalExecutor(model, data.example_input, self.device)
+        self.passes = Passes(
+            data.batches, data.evaluate, self.device, data.calibration if settings.adaptive_bn else None,
+            settings.progress,
+        )  # fmt: skip
         self._ranking = (settings.criterion, settings.group_reduction)
 
     # The run
     def run(self, params: Sequence[PrunableParam]) -> EngineReport:
-        """Evaluate every missing (param, ratio) of ``params``; return what was done."""
+        """Evaluate every missing (unit, ratio) of ``params``; return what was done."""
         baseline = self.measure_baseline()
         self.store.set_cost(self.costs.dense.as_dict())
         report = EngineReport(baseline=baseline)
@@ -142,7 +142,7 @@ class SensitivityEngine:
         total = sum(len(v) for v in pending.values())
         if total == 0:
             if params:
-                logger.info("Nothing to evaluate: every (param, ratio) is already in %s.", self.store.path)
+                logger.info("Nothing to evaluate: every (unit, ratio) is already in %s.", self.store.path)
             return report
         logger.info("Evaluating %d variant(s) of %d unit(s).", total, sum(bool(v) for v in pending.values()))
         with (
@@ -150,35 +150,124 @@ class SensitivityEngine:
             progress_bar(self.settings.progress, total=total, desc="sensitivity", unit="variant",
                          dynamic_ncols=True) as bar,
         ):  # fmt: skip
-            self.run_params(params, pending, RunState(baseline, report, bar))
+            self.run_units(params, pending, RunState(baseline, report, bar))
         return report
 
-    def run_params(self, params: Sequence[PrunableParam], pending: Mapping[str, list[float]], state: RunState) -> None:
-        """Evaluate each param's pending ratios, one full pass over the data per variant."""
+    def run_units(self, params: Sequence[PrunableParam], pending: Mapping[str, list[float]], state: RunState) -> None:
+        """Prepare each unit and evaluate its pending ratios: eagerly or on physical copies right away, one unit a
+        pass; on the suffix executor after checking every suffix, in chunks of units sharing each pass."""
+        if self.suffix is not None:
+            self.suffix.runner.profile(self.check_input, repeats=1)
+        suffix_jobs: list[Job] = []
         for param in params:
             ratios = [r for r in pending[param.name] if not self.store.has(param.name, r)]
-            state.bar.update(len(pending[param.name]) - len(ratios))  # units filled in by a coupled param
-            if ratios:
-                prepared = self.prepare(param, ratios, state)
-                if prepared is not None:
-                    self.evaluate_ratios(prepared, ratios, state)
+            state.bar.update(len(pending[param.name]) - len(ratios))  # variants filled in by a coupled unit
+            prepared = self.prepare(param, ratios, state) if ratios else None
+            job = None if prepared is None else self._job(prepared, ratios, state)
+            if job is None:
+                continue
+            executor = self._executor(job)
+            if executor is self.suffix:
+                suffix_jobs.append(job)
+            else:
+                self._evaluate(executor, [job], state)
+        if self.suffix is not None and suffix_jobs:
+            self._evaluate(self.suffix, self._checked(self.suffix, suffix_jobs, state), state)
 
-    def evaluate_ratios(self, prepared: Prepared, ratios: Sequence[float], state: RunState) -> None:
-        """Evaluate and record ``prepared`` at each ratio in increasing order, until its early stop trips."""
-        for ratio in sorted(ratios):
+    def _evaluate(self, executor: VariantExecutor, jobs: Sequence[Job], state: RunState) -> None:
+        """Evaluate ``jobs`` with ``executor`` in chunks (one pass over the data and one save each)."""
+        recorder = _RunRecorder(self, state)
+        for chunk in executor.chunks(jobs, float(state.baseline.get("seconds", 1.0))):
+            start = time.perf_counter()
+            try:
+                self.sampler.run(chunk, executor, self.passes, recorder)
+            finally:
+                executor.release(chunk)
+            variants, seconds = sum(len(job.variants) for job in chunk), time.perf_counter() - start
+            logger.debug("Chunk of %d unit(s) on the %s executor: %d variants in %.1f s.", len(chunk),
+                         executor.kind.value, variants, seconds)  # fmt: skip
+
+    def _job(self, prepared: Prepared, ratios: Sequence[float], state: RunState) -> Job | None:
+        """The unit's variants to evaluate (increasing ratio); variants that remove nothing get the baseline's
+        metrics right away. None when nothing is left to evaluate."""
+        variants: list[Variant] = []
+        for position, ratio in enumerate(sorted(ratios)):
             if self.store.has(prepared.param.name, ratio):
                 continue
-            start = time.perf_counter()
-            removes = bool(prepared.removal[ratio])
-            metrics = self.evaluate_variant(prepared, ratio) if removes else without_timing(state.baseline)
-            executor = self.executor(prepared) if removes else Executor.BASELINE
-            if self.record(prepared, ratio, metrics, state, time.perf_counter() - start, executor=executor):
-                state.bar.update(sum(not self.store.has(prepared.param.name, r) for r in ratios if r > ratio))
-                return
+            if not prepared.removal[ratio]:  # removes nothing: the baseline's metrics
+                variant = Variant(ratio, [], self.scoring.sums(self.dense))
+                if self.record(prepared, variant, without_timing(state.baseline), state, 0.0, Executor.BASELINE):
+                    state.bar.update(len(ratios) - position - 1)
+                    return None
+                continue
+            physical = prepared.mode == "physical"
+            variant = Variant(
+                ratio,
+                [] if physical else variant_slices(self.model, self.graph, prepared, ratio),
+                self.scoring.sums(self.dense),
+                batchnorm=Estimation(prepared.batchnorms) if self.settings.adaptive_bn and not physical else None,
+            )
+            self.sampler.track(variant, state.baseline)
+            variants.append(variant)
+        return Job(prepared, variants) if variants else None
+
+    def _executor(self, job: Job) -> VariantExecutor:
+        """The executor of a unit: physical copies where masking is not exact, else the suffix where it can run the
+        unit (the job gets its plan), else eager."""
+        prepared = job.prepared
+        if prepared.mode == "physical":
+            return self.physical
+        if self.suffix is None:
+            return self.eager
+        plan = self.suffix.plan(prepared, *changed_layers(self.model, self.graph, prepared))
+        if isinstance(plan, str):
+            logger.info(
+                "%s: evaluated with full forward passes (the fast engine's suffix cannot run it: %s); the numbers "
+                "are the same, only slower.", prepared.param.name, plan,
+            )  # fmt: skip
+            return self.eager
+        job.plan = plan
+        return self.suffix
+
+    def _checked(self, suffix: SuffixExecutor, jobs: list[Job], state: RunState) -> list[Job]:
+        """Keep the jobs whose suffix run gives bit-identical logits to the full masked forward pass of their mode
+        check (at the channels checked); the others are evaluated eagerly."""
+        checked = []
+        for job in jobs:
+            channels = job.prepared.check.channels
+            variant = next((v for v in job.variants if job.prepared.removal[v.ratio] == channels), None)
+            if variant is not None:
+                checked.append((job, variant))
+        matches = suffix.matches(checked, self.check_input)
+        kept = []
+        for job in jobs:
+            if matches.get(id(job), True):
+                kept.append(job)
+                continue
+            logger.info("%s: the graph split differs from eager execution; evaluating it eagerly.",
+                        job.prepared.param.name)  # fmt: skip
+            job.plan = None
+            self._evaluate(self.eager, [job], state)
+        return kept
 
     def measure_baseline(self) -> Metrics:
         """The unpruned model's metrics: stored in the file (same model, data and settings), or measured now; always
-        measured for a label-free metric, whose per-image reference outputs the file does not hold."""
+        measured for a label-free metric, whose per-image reference outputs the file does not hold, and for a
+        sampled run, which pairs every image with its baseline value."""
+        paired = self.sampler.paired
+        if paired is not None:
+            assert self.data.batches is not None  # a sampler pairs images only when given batches
+            start = time.perf_counter()
+            labelled = ("top1", "top5", "ce") if self.scoring.labelled else ()
+            paired.per_image = {key: torch.empty(paired.population, dtype=torch.float64) for key in labelled}
+            batches = ordered_batches(self.data.batches, paired.order)
+            metrics = self.dense_pass(batches, paired.population, paired.per_image)
+            if self.scoring.label_free:
+                paired.per_image[self.settings.metric] = self.scoring.dense_per_image(paired.population)
+            paired.dense = self.dense
+            metrics["seconds"] = round(time.perf_counter() - start, 3)
+            self.store_baseline(metrics, self.sampler.note())
+            return metrics
         if self.scoring.label_free:
             assert self.data.batches is not None  # checked by check_scoring
             start = time.perf_counter()
@@ -235,21 +324,6 @@ class SensitivityEngine:
             self.dense = recorder.result()
         return self.scoring.baseline(self.dense, sums, count)
 
-    def evaluate_model(self, model: nn.Module) -> Metrics:
-        """The metrics of ``model`` (the network or a variant of it): the data's evaluator, or for a label-free
-        metric one pass over the batches comparing each image with the dense output kept for it."""
-        if not self.scoring.label_free:
-            return self.data.evaluate(model)
-        assert self.data.batches is not None  # checked by check_scoring
-        sums = self.scoring.sums(self.dense)
-        total = image_count(self.data.batches)
-        with torch.inference_mode(), progress_bar(self.settings.progress, total=total, desc="eval",
-                                                  unit="img", leave=False) as bar:  # fmt: skip
-            for images, labels, index in indexed_batches(self.data.batches, self.device):
-                sums.add(model(images), labels, index)
-                bar.update(len(index))
-        return sums.metrics()
-
     # One param
     def prepare(self, param: PrunableParam, ratios: Sequence[float], state: RunState) -> Prepared | None:
         """Rank the channels, choose them per ratio, check masking against physical pruning; None if skipped."""
@@ -302,53 +376,26 @@ class SensitivityEngine:
         costs = {r: summarise(dense, self.costs.variant(self.graph, conv, ch)) for r, ch in removal.items() if ch}
         return Prepared(param, conv, removal, check.mode, self._sharing(param), check, costs, batchnorms=batchnorms)
 
-    def slices(self, prepared: Prepared, ratio: float) -> list[Slice]:
-        """The ``(tensor, index)`` slices zeroed by one variant."""
-        return variant_slices(self.model, self.graph, prepared, ratio)
-
-    def changed_layers(self, prepared: Prepared) -> tuple[list[nn.Module], list[torch.Tensor]]:
-        """The modules and bare parameters a variant of ``prepared`` changes."""
-        return changed_layers(self.model, self.graph, prepared)
-
-    @staticmethod
-    def executor(prepared: Prepared) -> Executor:
-        """How :meth:`evaluate_variant` evaluates a variant of ``prepared``: eagerly with its slices zeroed (mask,
-        element) or on a physically pruned copy."""
-        return Executor.EAGER if prepared.mode in ("mask", "element") else Executor.PHYSICAL
-
-    def evaluate_variant(self, prepared: Prepared, ratio: float) -> Metrics:
-        """Evaluate one variant: zero its slices in place (mask, element) or evaluate a physically pruned copy."""
-        calibration = self.data.calibration or ()
-        if self.executor(prepared) is Executor.EAGER:
-            with zeroed(self.slices(prepared, ratio)), reestimated(self.model, prepared.batchnorms, calibration):
-                return self.evaluate_model(self.model)
-        channels = prepared.removal[ratio]
-        copy = pruned_copy(self.model, prepared.param.module_name, channels, self.data.example_input).to(self.device)
-        reestimate(copy, layers_in_copy(self.model, copy, prepared.batchnorms), calibration)
-        return self.evaluate_model(copy)
-
     def record(
         self,
         prepared: Prepared,
-        ratio: float,
+        evaluated: Variant,
         metrics: Metrics,
         state: RunState,
         seconds: float,
-        estimate: PairedEstimate | None = None,
-        settled: str | None = None,
-        *,
         executor: Executor,
+        settled: str | None = None,
     ) -> bool:
         """Turn a variant's metrics into its loss, save it under every sharing name, note what evaluated it
         (``executor``) in the report, log one line; return whether the early stop tripped or, with decision-driven
-        sampling, the variant was decided above the target (the param's larger ratios are then skipped).
+        sampling, the variant was decided above the target (the unit's larger ratios are then skipped).
 
-        ``estimate`` (adaptive precision, decision-driven sampling) supplies the loss estimated from paired
-        differences and its interval; ``settled`` says how a decision ended (a variant evaluated on every image
+        A sampled variant's estimate (adaptive precision, decision-driven sampling) supplies the loss estimated from
+        paired differences and its interval; ``settled`` says how a decision ended (a variant evaluated on every image
         without an estimate is ``exact`` under decision-driven sampling). An ``exact`` loss is computed from the
         metrics, as an exact run computes it.
         """
-        param = prepared.param
+        param, ratio, estimate = prepared.param, evaluated.ratio, evaluated.estimate
         check_finite(metrics, f"variant {param.name} at ratio {ratio}")
         metric = self.settings.metric
         if self.settings.decision is not None and estimate is None:
@@ -433,6 +480,35 @@ class SensitivityEngine:
         state.report.skipped[param.name] = reason
         self.store.mark_unprunable(param.name, reason)
         state.bar.update(len(ratios))
+
+
+@dataclass
+class _RunRecorder:
+    """What the samplers report to during one run (:class:`~analysis.engine.samplers.Recorder`)."""
+
+    engine: SensitivityEngine
+    state: RunState
+
+    def record(
+        self, job: Job, variant: Variant, metrics: Metrics, seconds: float, executor: Executor, settled: str | None
+    ) -> bool:
+        stopped = self.engine.record(job.prepared, variant, metrics, self.state, seconds, executor, settled)
+        job.stopped = job.stopped or stopped
+        return stopped
+
+    def skipped(self, count: int) -> None:
+        self.state.bar.update(count)
+
+    def stopped(self, job: Job) -> bool:
+        return self.engine.stops.stop_ratio(job.prepared.param.name) is not None
+
+    def recorded_losses(self, job: Job) -> Mapping[float, float]:
+        return self.engine.store.sensitivities.get(job.prepared.param.name, {})
+
+    def loss(self, metrics: Metrics) -> float:
+        settings = self.engine.settings
+        metric = settings.metric
+        return relative_loss(self.state.baseline[metric], metrics[metric], metric, settings.metric_mode)
 
 
 def _sampled(estimate: PairedEstimate | None, settled: str | None) -> str:
