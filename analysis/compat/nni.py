@@ -217,11 +217,11 @@ class SensitivityAnalysis:
     def _evaluator(self, args: list[Any], kwargs: dict[str, Any]) -> Callable[[nn.Module], dict[str, float]]:
         """``val_func`` as an engine evaluator: a physically pruned copy stands in for the model while it runs."""
 
-        def evaluate(candidate: nn.Module) -> dict[str, float]:
+        def evaluate_model(candidate: nn.Module) -> dict[str, float]:
             with standing_in(self.model, candidate):
                 return {"score": float(self.val_func(*args, **kwargs))}
 
-        return evaluate
+        return evaluate_model
 
     def _naive_layer(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> dict[float, float]:
         """NNI's rule: zero ``int(C * s)`` filters of the conv's weight and bias (or ``int(N * s)`` weights)."""
