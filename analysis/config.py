@@ -271,15 +271,33 @@ def validate(config: Config) -> None:
     validate_label_free(g, s)
 
 
-def validate_section(s: SensitivityConfig, prefix: str = "SensitivityAnalysis.") -> None:
-    """Check the analysis settings the YAML block and the Python APIs share, naming each key as ``prefix`` + key
-    (the APIs pass ``""``: their arguments carry the bare names); normalises the ratios to sorted ``round(r, 6)``.
+def validate_section(
+    s: SensitivityConfig, prefix: str = "SensitivityAnalysis.", names: Mapping[str, str] | None = None
+) -> None:
+    """Check the analysis settings the YAML block and the Python APIs share; normalises the ratios to sorted
+    ``round(r, 6)``.
 
-    One function for both entries, so ``run.py`` and ``analysis_prune`` accept and refuse the same settings.
+    One function for every entry (``run.py``, ``analysis_prune`` and NNI's ``SensitivityAnalysis``), so they accept
+    and refuse the same settings.
+
+    Args:
+        s: The settings, as the YAML block or built from an API's arguments.
+        prefix: Put before every key a message names: the YAML's section, or ``""`` for the APIs, whose arguments
+            carry the bare names.
+        names: An API's own names for keys it calls otherwise (NNI's ``sparsities`` for ``pruned_ratios``), used in
+            the messages this function writes (the sampling and granularity checks name their keys with ``prefix``).
+
+    Raises:
+        ConfigError: For the first setting that is refused, naming its key.
     """
-    s.pruned_ratios = normalise_ratios(s.pruned_ratios, f"{prefix}pruned_ratios")
-    check_target_loss(s.target_loss, f"{prefix}target_loss")
-    check_choice(f"{prefix}criterion", s.criterion, CRITERIA)
+    renamed = names or {}
+
+    def key(name: str) -> str:
+        return prefix + renamed.get(name, name)
+
+    s.pruned_ratios = normalise_ratios(s.pruned_ratios, key("pruned_ratios"))
+    check_target_loss(s.target_loss, key("target_loss"))
+    check_choice(key("criterion"), s.criterion, CRITERIA)
     choices = (
         ("metric", METRICS),
         ("metric_mode", METRIC_MODES),
@@ -287,24 +305,24 @@ def validate_section(s: SensitivityConfig, prefix: str = "SensitivityAnalysis.")
         ("engine", ENGINES),
         ("granularity", GRANULARITIES),
     )
-    for key, allowed in choices:
-        check_choice(f"{prefix}{key}", getattr(s, key), allowed)
+    for name, allowed in choices:
+        check_choice(key(name), getattr(s, name), allowed)
     check_sampling(
         Sampling(s.precision, s.decision_error, s.decision_precision), s.engine, s.target_loss, s.early_stop_mode,
         prefix,
     )  # fmt: skip
     if s.units is not None:
-        check_units(s.units, f"{prefix}units")
+        check_units(s.units, key("units"))
     if s.early_stop_mode is not None:
-        check_choice(f"{prefix}early_stop_mode", s.early_stop_mode, EARLY_STOP_MODES)
-    early_stop_from(s.early_stop_mode, s.early_stop_value, f"{prefix}early_stop_mode")
+        check_choice(key("early_stop_mode"), s.early_stop_mode, EARLY_STOP_MODES)
+    early_stop_from(s.early_stop_mode, s.early_stop_value, key("early_stop_mode"))
     if isinstance(s.round_to, bool) or not isinstance(s.round_to, int) or s.round_to < 1:
-        raise ConfigError(f"{prefix}round_to must be a positive integer (1 = no rounding), got {s.round_to!r}.")
+        raise ConfigError(f"{key('round_to')} must be a positive integer (1 = no rounding), got {s.round_to!r}.")
     if s.round_to > 1 and s.granularity == "element":
-        raise ConfigError(f"{prefix}round_to rounds channel counts; it does not apply to granularity: element.")
+        raise ConfigError(f"{key('round_to')} rounds channel counts; it does not apply to granularity: element.")
     check_granularity(s.granularity, s.criterion, prefix)
     if not s.analysis_file:
-        raise ConfigError(f"{prefix}analysis_file must not be empty.")
+        raise ConfigError(f"{key('analysis_file')} must not be empty.")
 
 
 def validate_budget(s: SensitivityConfig) -> None:

@@ -180,9 +180,9 @@ def test_decision_sampling_loads_with_its_target(tmp_path: Path) -> None:
     assert (s.precision, s.target_loss, s.decision_error, s.decision_precision) == ("decision", 0.02, 0.05, 0.004)
 
 
-# One list of invalid analysis settings, given as YAML keys and as analysis_prune's keyword arguments (the same names).
-# Both entries run the same validation, so each is refused by both with the same sentence (the YAML names the key with
-# its section).
+# One list of invalid analysis settings, given as YAML keys and as analysis_prune's keyword arguments (the same names);
+# those NNI's SensitivityAnalysis takes too are also given to it, under its names (NNI_NAMES). Every entry runs the same
+# validation, so each is refused by all of them with the same sentence (the YAML names the key with its section).
 SHARED_REFUSALS: dict[str, dict[str, object]] = {
     "empty ratios": {"pruned_ratios": []},
     "ratio of 1": {"pruned_ratios": [0.5, 1.0]},
@@ -199,16 +199,20 @@ SHARED_REFUSALS: dict[str, dict[str, object]] = {
     "decision_precision alone": {"decision_precision": 0.01},
     "unknown unit kind": {"units": ["conv", "kernels"]},
     "unknown early_stop_mode": {"early_stop_mode": "never", "early_stop_value": 0.1},
+    "misspelt early_stop_mode": {"early_stop_mode": "dropd", "early_stop_value": 0.1},  # the YAML suggests 'dropped'
     "early_stop_value alone": {"early_stop_value": 0.1},
     "round_to 0": {"round_to": 0},
     "round_to with element granularity": {"round_to": 8, "granularity": "element"},  # the API used to accept it
     "ranking criterion with element granularity": {"criterion": "geometry_median", "granularity": "element"},
+    "empty analysis_file": {"analysis_file": ""},  # NNI's class used to accept it
 }
+NNI_NAMES = {"pruned_ratios": "sparsities", "early_stop_mode": "early_stop_mode",
+             "early_stop_value": "early_stop_value", "analysis_file": "analysis_file"}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", list(SHARED_REFUSALS))
-def test_the_yaml_and_the_python_api_refuse_the_same_settings(case: str, tmp_path: Path) -> None:
-    from analysis import analysis_prune
+def test_the_yaml_and_the_python_apis_refuse_the_same_settings(case: str, tmp_path: Path) -> None:
+    from analysis import SensitivityAnalysis, analysis_prune
 
     from helpers import batches
     from tiny_models import tiny_cnn
@@ -220,8 +224,15 @@ def test_the_yaml_and_the_python_api_refuse_the_same_settings(case: str, tmp_pat
     })  # fmt: skip
     with pytest.raises(ConfigError) as from_yaml:
         load_config(config)
+    expected = str(from_yaml.value).replace("SensitivityAnalysis.", "")
+    api_settings = {"analysis_file": tmp_path / "api.pkl", **settings}
     with pytest.raises(ConfigError) as from_python:
-        analysis_prune(tiny_cnn(), batches(1), tmp_path / "api.pkl", **settings)  # type: ignore[arg-type]
+        analysis_prune(tiny_cnn(), batches(1), **api_settings)  # type: ignore[arg-type]
     assert str(from_yaml.value).startswith("SensitivityAnalysis.")
-    assert str(from_python.value) == str(from_yaml.value).replace("SensitivityAnalysis.", "")
+    assert str(from_python.value) == expected
+    if set(settings) <= set(NNI_NAMES):
+        nni_settings = {NNI_NAMES[key]: value for key, value in settings.items()}
+        with pytest.raises(ConfigError) as from_nni:
+            SensitivityAnalysis(tiny_cnn(), lambda: 0.0, **nni_settings)  # type: ignore[arg-type]
+        assert str(from_nni.value) == expected.replace("pruned_ratios", "sparsities")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["c.yaml"]  # refused before anything was written

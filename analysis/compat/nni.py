@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from analysis.config import RATIO_DECIMALS, SensitivityConfig, normalise_ratios
+from analysis.config import RATIO_DECIMALS, SensitivityConfig, validate_section
 from analysis.early_stop import EarlyStop, early_stop_from
 from analysis.engine.settings import AnalysisData, EngineSettings
 from analysis.errors import ConfigError, did_you_mean
@@ -45,6 +45,8 @@ logger = logging.getLogger(__name__)
 PRUNE_TYPES = {"l1": "l1_norm", "l2": "l2_norm", "fpgm": "geometry_median", "level": "magnitude"}
 DEFAULT_SPARSITIES = tuple(round(0.1 * step, 2) for step in range(1, 10))  # NNI: numpy.arange(0.1, 1.0, 0.1), rounded
 EXAMPLE_IMAGES = 8  # images of the first batch val_func feeds the model, kept for tracing and the masking check
+TEMPORARY_FILE = "sensitivity.pkl"  # the analysis file's name in a temporary folder when no analysis_file is given
+NNI_NAMES = {"pruned_ratios": "sparsities"}  # NNI's names of the YAML keys it calls otherwise, for messages
 
 
 class SensitivityAnalysis:
@@ -67,7 +69,9 @@ class SensitivityAnalysis:
             they live in a temporary file that is removed afterwards.
 
     Raises:
-        ConfigError: For an unknown ``prune_type`` or early-stop mode, or sparsities outside (0, 1).
+        ConfigError: For an unknown ``prune_type``, or a setting the YAML refuses too (checked by
+            :func:`analysis.config.validate_section`): sparsities outside (0, 1), an unknown early-stop mode or one
+            without a value, an empty ``analysis_file``.
     """
 
     def __init__(
@@ -85,16 +89,27 @@ class SensitivityAnalysis:
         if prune_type not in PRUNE_TYPES:
             hint = did_you_mean(prune_type, PRUNE_TYPES)
             raise ConfigError(f"prune_type must be one of {', '.join(PRUNE_TYPES)}, got '{prune_type}'{hint}.")
+        self.element = prune_type == "level"
+        self._section = SensitivityConfig(
+            analysis_file=TEMPORARY_FILE if analysis_file is None else str(analysis_file),
+            pruned_ratios=list(DEFAULT_SPARSITIES if sparsities is None else sparsities),
+            criterion="l1_norm" if self.element else PRUNE_TYPES[prune_type],
+            metric_mode="absolute",  # the metric may be anything (a loss, a baseline of 0): keep differences
+            engine="reference",
+            granularity="element" if self.element else "filter",
+            early_stop_mode=early_stop_mode,
+            early_stop_value=early_stop_value,
+        )
+        validate_section(self._section, prefix="", names=NNI_NAMES)  # the YAML's checks: both refuse the same
         self.model = model
         self.val_func = val_func
-        self.sparsities = normalise_ratios(DEFAULT_SPARSITIES if sparsities is None else sparsities, "sparsities")
+        self.sparsities = self._section.pruned_ratios
         self.prune_type = prune_type
         self.early_stop: EarlyStop | None = early_stop_from(early_stop_mode, early_stop_value)
         self.early_stop_mode, self.early_stop_value = early_stop_mode, early_stop_value
         self.dependency_aware = dependency_aware
         self.dummy_input = dummy_input
         self.analysis_file = analysis_file
-        self.element = prune_type == "level"
         self.target_layer: dict[str, nn.Module] = {
             name: module for name, module in model.named_modules() if self._is_target(module)
         }
@@ -169,15 +184,7 @@ class SensitivityAnalysis:
         self, layers: list[str], specified: bool, example: torch.Tensor, args: list[Any], kwargs: dict[str, Any]
     ) -> dict[str, dict[float, float]]:
         """Run the dependency-aware engine with ``val_func`` as the evaluator; metrics come from the sidecar."""
-        section = SensitivityConfig(
-            pruned_ratios=list(self.sparsities),
-            criterion="l1_norm" if self.element else PRUNE_TYPES[self.prune_type],
-            metric="score",
-            metric_mode="absolute",  # the metric may be anything (a loss, a baseline of 0): keep differences
-            engine="reference",
-            granularity="element" if self.element else "filter",
-        )
-        settings = EngineSettings.from_section(section, early_stop=self.early_stop)
+        settings = EngineSettings.from_section(self._section, metric="score")  # val_func's value, not a YAML metric
         assert self.ori_metric is not None  # measured by analysis() before this runs
         with _analysis_file(self.analysis_file) as path:
             outcome = run_analysis(
@@ -210,11 +217,11 @@ class SensitivityAnalysis:
     def _evaluator(self, args: list[Any], kwargs: dict[str, Any]) -> Callable[[nn.Module], dict[str, float]]:
         """``val_func`` as an engine evaluator: a physically pruned copy stands in for the model while it runs."""
 
-        def evaluate(candidate: nn.Module) -> dict[str, float]:
+        def evaluate_model(candidate: nn.Module) -> dict[str, float]:
             with standing_in(self.model, candidate):
                 return {"score": float(self.val_func(*args, **kwargs))}
 
-        return evaluate
+        return evaluate_model
 
     def _naive_layer(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> dict[float, float]:
         """NNI's rule: zero ``int(C * s)`` filters of the conv's weight and bias (or ``int(N * s)`` weights)."""
@@ -305,4 +312,4 @@ def _analysis_file(path: str | Path | None) -> Iterator[Path]:
         yield Path(path)
         return
     with tempfile.TemporaryDirectory(prefix="sensitivity-") as directory:
-        yield Path(directory) / "sensitivity.pkl"
+        yield Path(directory) / TEMPORARY_FILE

@@ -23,7 +23,7 @@ import math
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -223,13 +223,10 @@ def scan_image_folder(folder: Path) -> list[Sample]:
     samples = []
     for name in classes:
         for path in _class_images(folder / name, seen_folders):
-            real = os.path.realpath(path)
-            if real in seen_images:
-                raise DataError(
-                    f"ImageFolder {folder}: {path} and {seen_images[real]} are the same image file ({real}); an "
-                    "image must appear once (check symbolic links under the class folders)."
-                )
-            seen_images[real] = path
+            _reach_once(seen_images, path, lambda image, first, real: (
+                f"ImageFolder {folder}: {image} and {first} are the same image file ({real}); an image must appear "
+                "once (check symbolic links under the class folders)."
+            ))  # fmt: skip
             samples.append(Sample(path, class_to_idx[name], f"{folder} (class '{name}')"))
     logger.debug("ImageFolder %s: %d classes", folder, len(classes))
     return samples
@@ -244,18 +241,28 @@ def _class_images(class_folder: Path, seen_folders: dict[str, str]) -> list[str]
     """
     walked = []
     for root, _, files in os.walk(class_folder, followlinks=True):
-        real = os.path.realpath(root)
-        if real in seen_folders:
-            raise DataError(
-                f"ImageFolder {class_folder.parent}: {root} leads to {seen_folders[real]}, which is listed already (a "
-                "symbolic link loop or a folder linked twice); remove the link so that every image appears once."
-            )
-        seen_folders[real] = root
+        _reach_once(seen_folders, root, lambda entered, first, _: (
+            f"ImageFolder {class_folder.parent}: {entered} leads to {first}, which is listed already (a symbolic link "
+            "loop or a folder linked twice); remove the link so that every image appears once."
+        ))  # fmt: skip
         walked.append((root, files))
     return [
         os.path.join(root, name) for root, files in sorted(walked) for name in sorted(files)
         if name.lower().endswith(IMG_EXTENSIONS)
     ]  # fmt: skip
+
+
+def _reach_once(seen: dict[str, str], path: str, refusal: Callable[[str, str, str], str]) -> None:
+    """Record ``path`` in ``seen`` (real path -> the path it was first reached by), so that no file or folder is
+    listed twice under two names (symbolic links).
+
+    Raises:
+        DataError: ``refusal(path, first path, real path)`` when ``path``'s real path was reached before.
+    """
+    real = os.path.realpath(path)
+    if real in seen:
+        raise DataError(refusal(path, seen[real], real))
+    seen[real] = path
 
 
 def has_subfolders(folder: Path) -> bool:

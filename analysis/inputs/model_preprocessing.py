@@ -11,13 +11,12 @@ from dataclasses import dataclass
 
 import torchvision
 
-from analysis.config import GlobalConfig
+from analysis.config import INTERPOLATIONS, GlobalConfig
 from analysis.errors import ModelError
 from analysis.inputs.timm_models import is_timm_arch, optional_module, timm_model_name
 
 PREPROCESSING_KEYS = ("img_size", "resize_size", "interpolation", "mean", "std")
 """The ``Global`` keys a model's own preprocessing sets, unless the YAML sets them."""
-INTERPOLATIONS = ("bilinear", "bicubic", "lanczos")
 
 
 @dataclass(frozen=True)

@@ -282,9 +282,9 @@ def read_checkpoint(path: Path) -> Any:
                 f"{path} contains pickled Python objects (e.g. a whole nn.Module), which can run arbitrary code "
                 f"when loaded; {EXPORT_HINT}, or set Global.trust_model_file: true if you trust this file."
             ) from None
-        raise ModelError(f"{path} is not a readable PyTorch checkpoint ({_describe(error)}).") from None
+        raise ModelError(f"{path} is not a readable PyTorch checkpoint ({_error_text(error)}).") from None
     except Exception as error:  # any unpickling failure here comes from the file's content, not from our code
-        raise ModelError(f"{path} is not a readable PyTorch checkpoint ({_describe(error)}).") from None
+        raise ModelError(f"{path} is not a readable PyTorch checkpoint ({_error_text(error)}).") from None
 
 
 def _refuse_torchscript(path: Path) -> None:
@@ -376,7 +376,7 @@ def load_pickled_module(path: Path, trusted: bool) -> nn.Module:
             "(e.g. PYTHONPATH) or export a state_dict and set Global.arch."
         ) from None
     except Exception as error:  # the file's content is at fault, see read_checkpoint
-        raise ModelError(f"{path} is not a readable PyTorch file ({_describe(error)}).") from None
+        raise ModelError(f"{path} is not a readable PyTorch file ({_error_text(error)}).") from None
     if isinstance(obj, Mapping) and isinstance(obj.get("model"), nn.Module):
         obj = obj["model"]
     if not isinstance(obj, nn.Module):
@@ -387,7 +387,8 @@ def load_pickled_module(path: Path, trusted: bool) -> nn.Module:
     return obj
 
 
-def _describe(error: BaseException) -> str:
+def _error_text(error: BaseException) -> str:
+    """``Type: first line`` of ``error``, quoted in a one-line message."""
     return f"{type(error).__name__}: {first_line(error)}"
 
 

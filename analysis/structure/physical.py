@@ -46,7 +46,7 @@ def jointly_pruned_copy(
     and the dependency graph is rebuilt after each removal so that concatenations see the current channel offsets."""
     clone = copy.deepcopy(model)
     for root_name, channels in removals:
-        _remove(clone, root_name, channels, example_input)
+        _remove_channels(clone, root_name, channels, example_input)
     return clone.eval()
 
 
@@ -151,7 +151,7 @@ def _copies_through_state(kind: Any) -> bool:
     )
 
 
-def _remove(clone: nn.Module, root_name: str, channels: Sequence[int], example_input: torch.Tensor) -> None:
+def _remove_channels(clone: nn.Module, root_name: str, channels: Sequence[int], example_input: torch.Tensor) -> None:
     """Remove ``channels`` of ``root_name``'s output (or those heads) and its group from ``clone``, in place."""
     root = clone.get_submodule(root_name)
     if is_attention(root):
