@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from analysis.early_stop import EARLY_STOP_MODES, early_stop_from
 from analysis.errors import ConfigError, did_you_mean, first_line
+from analysis.metrics import LABEL_FREE_METRICS, METRIC_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +42,6 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INTERPOLATIONS = ("bilinear", "bicubic", "lanczos")
 CRITERIA = ("l1_norm", "l2_norm", "geometry_median", "bn_scale")
-METRICS = ("top1", "top5", "ce", "agreement", "kl")
-# Metrics that compare the pruned model with the unpruned one's own predictions, so they need no labels.
-LABEL_FREE_METRICS = ("agreement", "kl")
 LABEL_MODES = ("required", "none")
 GROUP_REDUCTIONS = ("self", "mean")
 DATA_CACHE_MODES = ("auto", "ram", "off")
@@ -299,7 +297,7 @@ def validate_section(
     check_target_loss(s.target_loss, key("target_loss"))
     check_choice(key("criterion"), s.criterion, CRITERIA)
     choices = (
-        ("metric", METRICS),
+        ("metric", METRIC_NAMES),
         ("metric_mode", METRIC_MODES),
         ("group_reduction", GROUP_REDUCTIONS),
         ("engine", ENGINES),

@@ -20,7 +20,6 @@ import torch
 Z_95 = 1.959963984540054
 MIN_SAMPLES = 200
 PSEUDO_COUNT = 0.5
-CONTINUOUS_METRICS = frozenset({"ce", "kl"})  # per-image values that are not 0/1 (no pseudo-count variance)
 
 
 def per_sample(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:

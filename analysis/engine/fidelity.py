@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from analysis.config import LABEL_FREE_METRICS
 from analysis.engine.evaluate import MetricSums
+from analysis.metrics import LABEL_FREE_METRICS
 
 IndexedBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """Images, labels and each image's sample index."""

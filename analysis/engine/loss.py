@@ -6,19 +6,13 @@ import math
 from collections.abc import Mapping
 
 from analysis.errors import UserError
-
-LOWER_IS_BETTER = {"ce", "kl"}
-# KL(p_dense || p_pruned) is 0 for the dense model by definition, so a loss relative to the baseline would divide by
-# zero for every model, not only a broken one. Refusing the default metric_mode (relative) would make every kl run
-# set metric_mode: absolute for nothing; instead both modes record the divergence itself, which already is measured
-# from the dense model (in nats; 0 = the dense model's predictions exactly), as a relative loss is.
-UNSCALED = {"kl"}
+from analysis.metrics import metric_named
 
 
 def divides_by_baseline(metric: str, mode: str) -> bool:
-    """Whether the loss of ``metric`` in ``mode`` is divided by the baseline (relative mode, except for
-    :data:`UNSCALED` metrics, whose baseline is 0 by definition)."""
-    return mode == "relative" and metric not in UNSCALED
+    """Whether the loss of ``metric`` in ``mode`` is divided by the baseline (relative mode, except for metrics
+    whose baseline is 0 by definition, see :attr:`analysis.metrics.Metric.scaled`)."""
+    return metric_named(metric).divides_by_baseline(mode)
 
 
 def check_baseline(baseline: float, metric: str, mode: str = "relative") -> None:
@@ -38,9 +32,9 @@ def relative_loss(baseline: float, value: float, metric: str, mode: str = "relat
     """Loss of ``value`` against ``baseline``: positive when pruning made the metric worse.
 
     ``relative`` divides by the baseline (PaddleSlim's definition); ``absolute`` keeps the plain difference. For
-    ``kl`` (baseline 0) both are the divergence itself, see :data:`UNSCALED`.
+    ``kl`` (baseline 0) both are the divergence itself, see :attr:`analysis.metrics.Metric.scaled`.
     """
-    worse_by = value - baseline if metric in LOWER_IS_BETTER else baseline - value
+    worse_by = metric_named(metric).worse_by(baseline, value)
     if not divides_by_baseline(metric, mode):
         return worse_by
     check_baseline(baseline, metric, mode)

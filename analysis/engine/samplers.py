@@ -23,13 +23,13 @@ from typing import Protocol
 
 import torch
 
-from analysis.config import LABEL_FREE_METRICS
-from analysis.engine._adaptive import CONTINUOUS_METRICS, Z_95, PairedEstimate, per_sample
+from analysis.engine._adaptive import Z_95, PairedEstimate, per_sample
 from analysis.engine._decision import Candidate, DecisionRule, ParamDecision
 from analysis.engine.executors import Executor, Job, Variant, VariantExecutor
 from analysis.engine.fidelity import DenseOutputs, IndexedBatch, image_count, indexed_batches, per_image_fidelity
-from analysis.engine.loss import LOWER_IS_BETTER, divides_by_baseline
+from analysis.engine.loss import divides_by_baseline
 from analysis.engine.settings import Batches, EngineSettings, Evaluator, Metrics
+from analysis.metrics import metric_named
 from analysis.progress import progress_bar
 
 
@@ -90,14 +90,14 @@ class PairedBaseline:
 
     def worse_by(self, logits: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """Per-image difference of a variant to the baseline on the same images, positive when the variant is worse."""
-        metric = self.metric
-        if metric in LABEL_FREE_METRICS:
+        metric = metric_named(self.metric)
+        if metric.label_free:
             assert self.dense is not None  # kept by the baseline pass
-            variant = per_image_fidelity(logits, self.dense, index, metric)
+            variant = per_image_fidelity(logits, self.dense, index, metric.name)
         else:
-            variant = per_sample(logits, labels)[metric]
-        reference = self.per_image[metric][index]
-        return variant - reference if metric in LOWER_IS_BETTER else reference - variant
+            variant = per_sample(logits, labels)[metric.name]
+        reference = self.per_image[metric.name][index]
+        return reference - variant if metric.higher_is_better else variant - reference
 
 
 class Sampler(ABC):
@@ -380,7 +380,7 @@ def _estimate(paired: PairedBaseline, baseline: Metrics, relative: bool, z: floa
         population=paired.population,
         baseline=float(baseline[paired.metric]),
         relative=relative,
-        discrete=paired.metric not in CONTINUOUS_METRICS,
+        discrete=not metric_named(paired.metric).continuous,
         z=z,
     )
 

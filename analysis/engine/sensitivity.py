@@ -25,7 +25,6 @@ from torch import nn
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from analysis.config import LABEL_FREE_METRICS
 from analysis.engine._adaptive import PairedEstimate, per_sample
 from analysis.engine._early_stop import StopLedger
 from analysis.engine._modes import MaskCheck
@@ -48,6 +47,7 @@ from analysis.engine.settings import AnalysisData, EngineSettings, Metrics
 from analysis.errors import UserError
 from analysis.io.sidecar import ParamRecord, VariantRecord
 from analysis.io.store import AnalysisStore
+from analysis.metrics import LABEL_FREE_METRICS
 from analysis.progress import progress_bar
 from analysis.structure.criteria import channel_scores, select_channels
 from analysis.structure.flops import CostModel, summarise

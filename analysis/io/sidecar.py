@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from analysis.config import METRICS
 from analysis.errors import AnalysisFileError
 from analysis.io.atomic import atomic_write_text
 from analysis.io.results import load_sidecar, normalise_ratio, sidecar_path, sidecar_text
+from analysis.metrics import METRIC_NAMES
 
 R = TypeVar("R", bound="_Record")
 Decoder = Callable[[Any, str], Any]
@@ -141,7 +141,7 @@ ALWAYS = {"always": True}
 """Field metadata: the key is written even when None (as ``null``), as this tool always has."""
 SPREAD = {"spread": True}
 """Field metadata: the field holds the record's other numeric keys (metrics), written among the named ones."""
-METRIC_NAMES = frozenset(METRICS)
+METRIC_SET = frozenset(METRIC_NAMES)
 """Keys of a spread field that must be numbers when present: a metric this tool evaluates is never kept aside as an
 unknown key, so a damaged one is an error rather than a silently missing value."""
 RATIO_KEYS = {"keys": _ratio_key}
@@ -248,7 +248,7 @@ class _Record:
             decode = schema.decoders.get(key)
             if decode is not None:
                 values[key] = None if value is None else decode(value, _at(where, key))
-            elif schema.spread is not None and (key in METRIC_NAMES or _is_number(value)):
+            elif schema.spread is not None and (key in METRIC_SET or _is_number(value)):
                 spread[key] = _number(value, _at(where, key))
             else:
                 extra[key] = value
@@ -291,7 +291,7 @@ class _Record:
             decode = schema.decoders.get(key)
             if decode is not None:
                 object.__setattr__(self, key, None if value is None else decode(value, _at(where, key)))
-            elif schema.spread is not None and (key in METRIC_NAMES or _is_number(value)):
+            elif schema.spread is not None and (key in METRIC_SET or _is_number(value)):
                 getattr(self, schema.spread)[key] = _number(value, _at(where, key))
                 self.extra.pop(key, None)
             else:

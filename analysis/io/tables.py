@@ -10,10 +10,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analysis.config import LABEL_FREE_METRICS
 from analysis.errors import AnalysisFileError
 from analysis.io.atomic import atomic_write_text
 from analysis.io.results import Sensitivities, load_sensitivities, sidecar_path
+from analysis.metrics import LABEL_FREE_METRICS
 
 if TYPE_CHECKING:
     from analysis.io.sidecar import Sidecar, VariantRecord

@@ -17,8 +17,9 @@ joint evaluations (every group pruned at once, BatchNorm statistics re-estimated
    so the search ends when its budget is spent or when a whole round of trade sizes finds no untried plan (then no
    larger budget could change its result), whichever comes first.
 3. **Finalists.** The search's plan, the next best distinct plans, the best start and the knapsack plan are
-   measured again with every calibration image; the best top1 (cross-entropy breaks ties) wins. The knapsack plan
-   is always a finalist, so the result never measures below it.
+   measured again with every calibration image; the best by the analysis's metric (top1, top5 or ce; top1 after a
+   label-free analysis, see :attr:`analysis.metrics.Metric.ranked_by`; cross-entropy breaks ties) wins. The knapsack
+   plan is always a finalist, so the result never measures below it.
 
 Every evaluation is appended to the search log as it finishes (:mod:`analysis.io.search_log`, under the analysis
 file's lock). The search is deterministic, so a run that was killed retraces its steps and takes every evaluation
@@ -48,6 +49,7 @@ from analysis.io.lock import exclusive
 from analysis.io.results import load_sensitivities
 from analysis.io.search_log import Encoded, JointScore, Picks, SearchLog
 from analysis.io.sidecar import Sidecar
+from analysis.metrics import METRICS, Metric, metric_named
 from analysis.planning._joint import JointEvaluator
 from analysis.planning._trades import TradePicker
 from analysis.planning.allocate import Choice, GroupOptions
@@ -110,6 +112,8 @@ class Scored:
     name: str
     picks: Picks
     score: JointScore
+    ranked_by: Metric = METRICS["top1"]
+    """What the final choice maximises (:attr:`analysis.metrics.Metric.ranked_by` of the analysis's metric)."""
 
     @property
     def search_key(self) -> tuple[float, ...]:
@@ -118,8 +122,9 @@ class Scored:
 
     @property
     def final_key(self) -> tuple[float, ...]:
-        """Larger is better: top1, then minus the cross-entropy."""
-        return (self.score.metrics["top1"], -self.score.metrics["ce"])
+        """Larger is better: the ranking metric (top1 unless the analysis measured top5 or ce), then minus the
+        cross-entropy."""
+        return (self.ranked_by.better_first(self.score.metrics[self.ranked_by.name]), -self.score.metrics["ce"])
 
 
 @dataclass
@@ -161,8 +166,9 @@ class MeasuredSearch:
         log: SearchLog,
         settings: SearchSettings,
         progress: bool | None = None,
+        ranked_by: Metric = METRICS["top1"],
     ) -> None:
-        self.planner, self.target, self.settings = planner, target, settings
+        self.planner, self.target, self.settings, self.ranked_by = planner, target, settings, ranked_by
         self.options = {group.key: group for group in options}
         self.keys = list(self.options)
         self.starts = dict(starts)
@@ -193,7 +199,7 @@ class MeasuredSearch:
         if setting == "search":
             self.evaluated += 1
             self.measured_plans.add(SearchLog.plan(picks))
-        return Scored(name, dict(picks), score)
+        return Scored(name, dict(picks), score, self.ranked_by)
 
     def saved(self, picks: Picks) -> float:
         """The exact saving of ``picks`` (every group pruned at once)."""
@@ -483,10 +489,11 @@ def build_measured_plan(
             "measure": measure,
         }
         log = SearchLog(analysis_file, key)
-        result = MeasuredSearch(planner, options, starts, goal, search, full, log, settings, progress).run()
+        metric = sidecar.settings.metric_name
+        ranked_by = METRICS[metric_named(metric).ranked_by] if metric in METRICS else METRICS["top1"]
+        result = MeasuredSearch(planner, options, starts, goal, search, full, log, settings, progress, ranked_by).run()
         log.copy_to_sidecar()
         baseline = sidecar.baseline or {}
-        metric = sidecar.settings.metric_name
         measured = result.best.score.metrics
         predicted = (
             relative_loss(float(baseline[metric]), float(measured[metric]), metric)

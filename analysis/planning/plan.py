@@ -29,6 +29,7 @@ from analysis.io import sidecar as schema
 from analysis.io.fingerprint import model_fingerprint
 from analysis.io.results import load_sensitivities, sidecar_path
 from analysis.io.sidecar import CostRecord, PlanGroupRecord, PlanRecord
+from analysis.metrics import METRICS
 from analysis.planning._curves import interpolate, monotone_curve
 from analysis.planning.allocate import Allocation, BudgetUnreachable, Choice, GroupOptions, allocate
 from analysis.structure.criteria import allowed_counts, channel_scores, lowest_channels, removal_count
@@ -45,8 +46,6 @@ from analysis.structure.groups import (
 logger = logging.getLogger(__name__)
 
 MEASURES = ("macs", "params")
-BOUNDED_METRICS = ("top1", "top5", "agreement")
-"""Metrics between 0 and 1: their loss cannot exceed 1 (relative) or the baseline (absolute), whatever is summed."""
 
 
 @dataclass
@@ -194,9 +193,10 @@ def prediction_notice(
     """
     if not math.isfinite(predicted):
         return None  # a ratio beyond the analysed ones: said separately
-    if metric in BOUNDED_METRICS and divides_by_baseline(metric, mode):
+    bounded = metric in METRICS and METRICS[metric].bounded  # a fraction: its loss cannot exceed 1 or the baseline
+    if bounded and divides_by_baseline(metric, mode):
         ceiling, why = 1.0, f"a relative {metric} loss cannot exceed 1 ({metric} 0), so the losses cannot add up to it"
-    elif metric in BOUNDED_METRICS and baseline is not None:
+    elif bounded and baseline is not None:
         ceiling = baseline
         why = (f"an absolute {metric} loss cannot exceed the baseline {baseline:.4f} ({metric} 0), so the losses "
                "cannot add up to it")  # fmt: skip

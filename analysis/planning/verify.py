@@ -25,11 +25,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from analysis.config import LABEL_FREE_METRICS
 from analysis.engine.batchnorm import batchnorms_named, recalibrate_copy, reestimate
 from analysis.engine.loss import relative_loss
 from analysis.inputs.calibration import CalibrationSet
 from analysis.io.sidecar import CalibrationCheckRecord, DensePrunedRecord, ReestimatedRecord, VerificationRecord
+from analysis.metrics import LABEL_FREE_METRICS
 from analysis.planning.export import saved_bytes
 from analysis.planning.plan import Plan, known_loss
 from analysis.structure.flops import count_cost

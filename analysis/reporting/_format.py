@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from analysis.engine.loss import LOWER_IS_BETTER
+from analysis.metrics import METRICS
 
 
 def loss_difference(metric: str) -> str:
     """What a loss subtracts, worse when positive: ``baseline top1 - pruned top1`` (``pruned ce - baseline ce``)."""
-    if metric in LOWER_IS_BETTER:
+    if metric in METRICS and not METRICS[metric].higher_is_better:
         return f"pruned {metric} - baseline {metric}"
     return f"baseline {metric} - pruned {metric}"
 
 
-LABEL_FREE_LOSSES = {
-    "agreement": "1 - agreement: the share of images whose top-1 class differs from the unpruned model's",
-    "kl": "mean KL(p_unpruned || p_pruned) in nats over the images",
-}
+LABEL_FREE_LOSSES = {name: metric.meaning for name, metric in METRICS.items() if metric.label_free}
 """The loss of each label-free metric, the same in both metric modes (the unpruned model's baseline is 1 and 0)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from analysis.config import LABEL_FREE_METRICS
+from analysis.metrics import LABEL_FREE_METRICS
 from analysis.planning.result import PlanResult
 from analysis.structure.flops import format_count
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from analysis.config import LABEL_FREE_METRICS, Config
+from analysis.config import Config
 from analysis.engine.batchnorm import recalibrate_copy
 from analysis.engine.evaluate import evaluate
 from analysis.engine.fidelity import PassMetrics, fidelity_evaluator
@@ -26,6 +26,7 @@ from analysis.io.lock import exclusive
 from analysis.io.ratios_yaml import load_ratios_yaml, save_ratios_yaml
 from analysis.io.results import ratios_path
 from analysis.io.sidecar import Sidecar
+from analysis.metrics import LABEL_FREE_METRICS
 from analysis.planning.estimates import estimate_notice
 from analysis.planning.export import export_pruned
 from analysis.planning.measured import PlanScoring, SearchSettings, build_measured_plan
