@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from analysis.early_stop import EARLY_STOP_MODES, early_stop_from
 from analysis.errors import ConfigError, did_you_mean, first_line
 from analysis.metrics import LABEL_FREE_METRICS, METRIC_NAMES
+from analysis.ratio import RATIO_DECIMALS, normalise_ratio, ratio_problem
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,6 @@ GRANULARITIES = ("filter", "element")
 UNIT_KINDS = ("conv", "linear", "heads")
 """Kinds of prunable unit: conv filters (Conv1d/2d/3d), Linear neurons, attention heads."""
 PLAN_METHODS = ("knapsack", "measured")
-RATIO_DECIMALS = 6
 
 # Blocks of PaddleSlim ACT compression configs. They configure training-time compression, which this tool does
 # not run, so they are accepted and reported as ignored (ChannelPrune lends two defaults, see _channel_prune_defaults).
@@ -459,13 +459,13 @@ def normalise_ratios(ratios: Sequence[float], key: str) -> list[float]:
     for ratio in ratios:
         if not (0.0 < ratio < 1.0):
             raise ConfigError(f"{key} must hold ratios strictly between 0 and 1, got {ratio}.")
-        if not (0.0 < round(float(ratio), RATIO_DECIMALS) < 1.0):  # stored rounded: 1e-7 would become 0.0
+        if ratio_problem(ratio, zero_allowed=False) is not None:  # stored rounded: 1e-7 would become 0.0
             raise ConfigError(
-                f"{key} holds {ratio}, which rounds to {round(float(ratio), RATIO_DECIMALS)} at the "
+                f"{key} holds {ratio}, which rounds to {normalise_ratio(ratio)} at the "
                 f"{RATIO_DECIMALS} decimals ratios are stored with; use a ratio between "
                 f"{10**-RATIO_DECIMALS:g} and {1 - 10**-RATIO_DECIMALS:g}."
             )
-    return sorted({round(float(r), RATIO_DECIMALS) for r in ratios})
+    return sorted({normalise_ratio(r) for r in ratios})
 
 
 def describe(config: Config) -> str:

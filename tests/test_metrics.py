@@ -34,7 +34,9 @@ def test_the_yaml_offers_the_user_metrics_and_refuses_the_others() -> None:
     for name in METRIC_NAMES:
         validate_section(SensitivityConfig(metric=name, analysis_file="s.pkl"), "S.")
     with pytest.raises(ConfigError, match=r"S\.metric"):
-        validate_section(SensitivityConfig(metric="score", analysis_file="s.pkl"), "S.")  # NNI's evaluator score: Python API only
+        validate_section(
+            SensitivityConfig(metric="score", analysis_file="s.pkl"), "S."
+        )  # NNI's evaluator score: Python API only
 
 
 def test_a_new_metric_is_one_entry(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,13 +28,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from analysis.config import RATIO_DECIMALS, SensitivityConfig, validate_section
+from analysis.config import SensitivityConfig, validate_section
 from analysis.early_stop import EarlyStop, early_stop_from
 from analysis.engine.settings import AnalysisData, EngineSettings
 from analysis.errors import ConfigError, did_you_mean
 from analysis.io import sidecar as schema
 from analysis.io.atomic import atomic_write_text
 from analysis.io.sidecar import Sidecar, VariantRecord
+from analysis.ratio import RATIO_DECIMALS
 from analysis.structure.criteria import CRITERIA, lowest_channels
 from analysis.structure.elementwise import ELEMENT_DIMS, element_slices, magnitude_order
 from analysis.structure.masking import zeroed

@@ -12,9 +12,10 @@ from typing import Any, Concatenate, ParamSpec
 
 import yaml
 
-from analysis.config import RATIO_DECIMALS, UNHOLDABLE, UniqueKeyLoader, printable, unholdable, yaml_problem
+from analysis.config import UNHOLDABLE, UniqueKeyLoader, printable, unholdable, yaml_problem
 from analysis.errors import AnalysisFileError, did_you_mean, first_line
 from analysis.io.atomic import atomic_write_text
+from analysis.ratio import RATIO_DECIMALS, normalise_ratio, ratio_problem
 from analysis.text import explain_target_loss
 
 P = ParamSpec("P")
@@ -55,7 +56,7 @@ def channel_prune_yaml(
     values: list[float] = []
     skipped: list[str] = []
     for name in ordered:
-        value = round(float(ratios[name]), RATIO_DECIMALS)
+        value = normalise_ratio(ratios[name])
         if value <= 0.0:
             skipped.append(name)
         else:
@@ -302,7 +303,7 @@ def _checked_ratio(source: Path, node: Any, what: str, value: Any) -> float:
         problem = f"is {_shown(value)}, not a number"
     elif not 0.0 <= value < 1.0:  # nan fails too; an int of any size compares without overflow
         problem = f"is {_shown(value)}, outside [0, 1)"
-    elif round(float(value), RATIO_DECIMALS) >= 1.0:
+    elif ratio_problem(value, zero_allowed=True) is not None:
         problem = f"is {value!r}, which rounds to 1.0 at the {RATIO_DECIMALS} decimals ratios are stored with"
     else:
         return float(value)

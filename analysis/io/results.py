@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from analysis.config import RATIO_DECIMALS
 from analysis.errors import AnalysisFileError
 from analysis.io.atomic import atomic_write_bytes, atomic_write_text
+from analysis.ratio import normalise_ratio
 
 logger = logging.getLogger(__name__)
 
@@ -31,11 +31,6 @@ PICKLE_PROTOCOL = 4
 """Fixed so that equal content always gives byte-identical files (resume compares bytes)."""
 
 _STRUCTURE_HINT = "analysis files contain only dicts of numbers, {param name: {ratio: loss}}"
-
-
-def normalise_ratio(ratio: float) -> float:
-    """Return ``ratio`` rounded to 6 decimals, so that 0.3 and 0.30000000000000004 are one key."""
-    return round(float(ratio), RATIO_DECIMALS)
 
 
 def sidecar_path(analysis_file: str | os.PathLike[str]) -> Path:

@@ -26,8 +26,9 @@ from typing import Any, TypeVar
 
 from analysis.errors import AnalysisFileError
 from analysis.io.atomic import atomic_write_text
-from analysis.io.results import load_sidecar, normalise_ratio, sidecar_path, sidecar_text
+from analysis.io.results import load_sidecar, sidecar_path, sidecar_text
 from analysis.metrics import METRIC_NAMES
+from analysis.ratio import normalise_ratio
 
 R = TypeVar("R", bound="_Record")
 Decoder = Callable[[Any, str], Any]

@@ -20,7 +20,7 @@ from analysis import __version__
 from analysis.errors import AnalysisFileError
 from analysis.io import sidecar as schema
 from analysis.io.atomic import remove_stale_temporaries
-from analysis.io.results import Sensitivities, load_sensitivities, normalise_ratio, save_sensitivities, sidecar_path
+from analysis.io.results import Sensitivities, load_sensitivities, save_sensitivities, sidecar_path
 from analysis.io.sidecar import (
     ConfigRecord,
     CostRecord,
@@ -32,6 +32,7 @@ from analysis.io.sidecar import (
     VariantRecord,
     variant_key,
 )
+from analysis.ratio import normalise_ratio
 
 logger = logging.getLogger(__name__)
 

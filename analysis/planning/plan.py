@@ -32,6 +32,7 @@ from analysis.io.sidecar import CostRecord, PlanGroupRecord, PlanRecord
 from analysis.metrics import METRICS
 from analysis.planning._curves import interpolate, monotone_curve
 from analysis.planning.allocate import Allocation, BudgetUnreachable, Choice, GroupOptions, allocate
+from analysis.ratio import normalise_ratio, ratio_problem
 from analysis.structure.criteria import allowed_counts, channel_scores, lowest_channels, removal_count
 from analysis.structure.flops import Cost, CostModel, ShapeDelta, cost_summary
 from analysis.structure.groups import (
@@ -71,7 +72,7 @@ class PlannedGroup:
     @property
     def ratio(self) -> float:
         """Fraction of the group's channels removed."""
-        return round(len(self.removed) / self.channels, 6)
+        return normalise_ratio(len(self.removed) / self.channels)
 
 
 @dataclass
@@ -315,7 +316,7 @@ def plan_from_ratios(
                     f"ratios: '{listed[param.name]}' and '{name}' name the same param {param.name}; list it once."
                 )
             listed[param.name] = name
-            if not 0.0 <= ratio < 1.0:
+            if ratio_problem(ratio, zero_allowed=True) is not None:
                 raise UserError(f"ratios: {name} has ratio {ratio}; ratios must lie in [0, 1).")
             if param.name in decided:
                 if decided[param.name] != param.name:

@@ -38,8 +38,8 @@ from matplotlib.figure import Figure
 
 from analysis.errors import ConfigError
 from analysis.io.atomic import atomic_write_bytes
-from analysis.io.results import normalise_ratio
 from analysis.planning.ratios import TargetRatios
+from analysis.ratio import normalise_ratio
 
 DPI = 100
 """Every PNG is rendered at this resolution; figure sizes are whole multiples of 0.25 inch (25 pixels)."""
