@@ -15,13 +15,13 @@ from analysis.cli._logs import setup_logging
 from analysis.cli._parser import CommandParser
 from analysis.compat.topology import dependency_csv, dependency_sets, not_safe_to_prune
 from analysis.config import check_target_loss, load_config
-from analysis.errors import AnalysisFileError
 from analysis.inputs.models import build_model
 from analysis.io.atomic import atomic_write_text
 from analysis.io.lock import exclusive
 from analysis.io.outputs import check_output_file, check_output_folder
+from analysis.io.record import load_record
 from analysis.io.results import sidecar_path
-from analysis.scale.shards import merge_files
+from analysis.scale.shards import merge_records
 from analysis.workflow.report import write_report_files
 
 logger = logging.getLogger(__name__)
@@ -72,12 +72,11 @@ def report_main(argv: Sequence[str]) -> int:
     """``run.py report``: regenerate the CSV, plots and HTML of an existing analysis file."""
     args = build_report_parser().parse(argv)
     setup_logging(args.quiet)
-    if not Path(args.analysis_file).is_file():
-        raise AnalysisFileError(f"Analysis file {args.analysis_file} does not exist; pass the .pkl a run wrote.")
+    record = load_record(args.analysis_file)
     check_target_loss(args.target_loss, "--target_loss")
     if args.out_dir is not None:
         check_output_folder(args.out_dir, "--out_dir")
-    for path in write_report_files(args.analysis_file, args.target_loss, args.ratio, args.out_dir):
+    for path in write_report_files(record, args.target_loss, args.ratio, args.out_dir):
         if not args.quiet:
             print(path)
     return EXIT_OK
@@ -87,12 +86,9 @@ def merge_main(argv: Sequence[str]) -> int:
     """``run.py merge``: merge analysis files of one analysis into one."""
     args = build_merge_parser().parse(argv)
     setup_logging()
-    for path in args.inputs:
-        if not Path(path).is_file():
-            raise AnalysisFileError(f"Analysis file {path} does not exist; pass the .pkl files to merge.")
     check_output_file(args.output, "OUTPUT")
-    with exclusive(args.output):
-        merged = merge_files(args.output, args.inputs)
+    with exclusive(args.output):  # an input may be the output itself: read under its lock
+        merged = merge_records(args.output, [load_record(path) for path in args.inputs])
     variants = sum(len(curve) for curve in merged.values())
     print(f"merged {len(args.inputs)} file(s): {len(merged)} param(s), {variants} (param, ratio) pair(s) -> "
           f"{args.output} (+ {sidecar_path(args.output).name}); run.py report {args.output} draws it")  # fmt: skip

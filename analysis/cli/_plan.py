@@ -11,12 +11,12 @@ from analysis.cli._exit import EXIT_OK
 from analysis.cli._logs import setup_logging
 from analysis.cli._parser import CommandParser
 from analysis.config import PLAN_METHODS, Config, check_plan_granularity, config_from_data, load_config
-from analysis.errors import AnalysisFileError, ConfigError
+from analysis.errors import ConfigError
 from analysis.inputs.build import Inputs, build_inputs, needs_calibration
-from analysis.io import sidecar as schema
 from analysis.io.outputs import check_config_outputs, check_output_folder
 from analysis.io.ratios_yaml import load_ratios_yaml
-from analysis.io.sidecar import ConfigRecord, Sidecar
+from analysis.io.record import AnalysisRecord, load_record
+from analysis.io.sidecar import ConfigRecord
 from analysis.reporting.plan_text import format_plan
 from analysis.workflow.job import run_job
 from analysis.workflow.plan import budget, run_plan_step
@@ -106,13 +106,12 @@ def verify_main(argv: Sequence[str]) -> int:
     setup_logging(args.quiet)
     if args.export_dir is not None:
         check_output_folder(args.export_dir, "--export_dir")
-    if not Path(args.analysis_file).is_file():
-        raise AnalysisFileError(f"Analysis file {args.analysis_file} does not exist; pass the .pkl a run wrote.")
+    record = load_record(args.analysis_file)  # read once: the config it records, then every step of the plan
     flags = {"SensitivityAnalysis.analysis_file": args.analysis_file}
     if args.config_path:
         config = load_config(args.config_path, args.overrides, flags)
     else:
-        stored = (schema.load(args.analysis_file) or Sidecar()).config or ConfigRecord()
+        stored = record.config or ConfigRecord()
         raw = stored.cli_config(target_macs_reduction=None, target_params_reduction=None)
         if raw is None:
             raise ConfigError(f"{args.analysis_file} does not record the config that wrote it (Python API run); "
@@ -127,12 +126,12 @@ def verify_main(argv: Sequence[str]) -> int:
     load_ratios_yaml(args.ratios)  # read before the model and the data load, so a bad file is refused at once
     progress = False if args.quiet else None
     inputs = build_inputs(config, progress, calibration=needs_calibration(config))
-    return _finish(config, inputs, args, progress, ratios_file=args.ratios)
+    return _finish(config, inputs, args, progress, ratios_file=args.ratios, record=record)
 
 
 def _finish(config: Config, inputs: Inputs, args: argparse.Namespace, progress: bool | None,
-            ratios_file: str | None = None) -> int:  # fmt: skip
-    result = run_plan_step(config, inputs, progress, ratios_file)
+            ratios_file: str | None = None, record: AnalysisRecord | None = None) -> int:  # fmt: skip
+    result = run_plan_step(config, inputs, progress, ratios_file, record)
     print(format_plan(result))
     if config.SensitivityAnalysis.report and not args.no_report:
         written = write_report_files(

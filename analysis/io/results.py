@@ -275,6 +275,16 @@ def merge_sensitive(sources: Sequence[Mapping[str, Mapping[float, float]] | str 
     return {param: dict(sorted(curve.items())) for param, curve in merged.items()}
 
 
+def copy_analysis(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+    """Copy an analysis file and its sidecar byte for byte (either may be missing), each atomically: the sidecar
+    first and the pickle last, as the store saves them (e.g. to start a shard from what is done)."""
+    source, target = Path(source), Path(target)
+    if sidecar_path(source).exists():
+        atomic_write_bytes(sidecar_path(target), sidecar_path(source).read_bytes())
+    if source.exists():
+        atomic_write_bytes(target, source.read_bytes())
+
+
 # ------------------------------------------------------------------------------------------------------- sidecar
 
 

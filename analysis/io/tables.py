@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from analysis.errors import AnalysisFileError
 from analysis.io.atomic import atomic_write_text
-from analysis.io.results import Sensitivities, load_sensitivities, sidecar_path
+from analysis.io.record import AnalysisSource, as_record
+from analysis.io.results import Sensitivities, sidecar_path
+from analysis.io.sidecar import Sidecar
 from analysis.metrics import LABEL_FREE_METRICS
 
 if TYPE_CHECKING:
-    from analysis.io.sidecar import Sidecar, VariantRecord
+    from analysis.io.sidecar import VariantRecord
 
 
 CSV_STYLES = ("wide", "long")
@@ -36,10 +38,9 @@ def csv_path(analysis_file: str | os.PathLike[str], style: str) -> Path:
     return path.with_name(f"{path.stem}.{style}.csv")
 
 
-def export_csv(
-    analysis_file: str | os.PathLike[str], path: str | os.PathLike[str] | None = None, style: str = "wide"
-) -> Path:
-    """Export an analysis file (and its sidecar) as CSV, atomically; returns the path written.
+def export_csv(analysis: AnalysisSource, path: str | os.PathLike[str] | None = None, style: str = "wide") -> Path:
+    """Export an analysis (its record, or an analysis file and its sidecar, read once) as CSV, atomically; returns
+    the path written (default :func:`csv_path` beside the analysis file).
 
     ``wide`` is NNI's ``SensitivityAnalysis.export`` format: a header ``layername,<ratio>,...`` and one row per
     conv (module name) holding the evaluated metric (``top1`` by default) at each ratio; it needs the sidecar.
@@ -57,24 +58,22 @@ def export_csv(
         AnalysisFileError: The analysis file or its sidecar cannot be read, or ``wide`` is asked without a sidecar.
         ValueError: ``style`` is not ``wide`` or ``long``.
     """
-    from analysis.io import sidecar as schema  # the schema builds on this module
-
     if style not in CSV_STYLES:
         raise ValueError(f"style must be one of {CSV_STYLES}, got {style!r}")
-    sensitivities = load_sensitivities(analysis_file)
-    sidecar = schema.load(analysis_file)
+    record = as_record(analysis)
+    sensitivities, sidecar = record.sensitivities, record.sidecar
     if style == "wide":
         if sidecar is None:
             raise AnalysisFileError(
-                f"The wide (NNI) CSV holds metric values, which live in the sidecar {sidecar_path(analysis_file)}; "
+                f"The wide (NNI) CSV holds metric values, which live in the sidecar {sidecar_path(record.path)}; "
                 "it is missing, so export style='long' instead."
             )
         rows = _wide_rows(sensitivities, sidecar)
     else:
-        rows = _long_rows(sensitivities, sidecar or schema.Sidecar())
+        rows = _long_rows(sensitivities, sidecar or Sidecar())
     buffer = io.StringIO()
     csv.writer(buffer, lineterminator="\n").writerows(rows)
-    target = Path(path) if path is not None else csv_path(analysis_file, style)
+    target = Path(path) if path is not None else csv_path(record.path, style)
     atomic_write_text(target, buffer.getvalue())
     return target
 

@@ -8,20 +8,19 @@ them). Such a plan's predicted loss is approximate, so the plan says so and reco
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from analysis.io import sidecar as schema
+from analysis.io.record import AnalysisSource, as_record
 
 
-def estimate_notice(analysis_file: str | Path) -> str | None:
-    """One sentence on the estimated losses and skipped ratios of ``analysis_file`` (None: every loss is exact)."""
-    sidecar = schema.load(analysis_file)
-    if sidecar is None:
+def estimate_notice(analysis: AnalysisSource) -> str | None:
+    """One sentence on the estimated losses and skipped ratios of the analysis (a record, or a file to read; None:
+    every loss is exact)."""
+    record = as_record(analysis)
+    if record.sidecar is None:
         return None
-    variants = [record for _, _, record in sidecar.variants()]
-    estimated = sum(record.estimated for record in variants)
-    decision = sidecar.settings.decision
-    skipped = sum(param.early_stop is not None for param in sidecar.param_records().values())
+    variants = [variant for _, _, variant in record.variants()]
+    estimated = sum(variant.estimated for variant in variants)
+    decision = record.settings.decision
+    skipped = sum(param.early_stop is not None for param in record.params.values())
     parts = []
     if estimated:
         how = (
@@ -29,7 +28,7 @@ def estimate_notice(analysis_file: str | Path) -> str | None:
             if decision
             else "adaptive precision knows each within its interval"
         )
-        parts.append(f"{estimated} of {len(variants)} losses in {Path(analysis_file).name} are estimates ({how})")
+        parts.append(f"{estimated} of {len(variants)} losses in {record.path.name} are estimates ({how})")
     if decision and skipped:
         parts.append(
             f"{skipped} param(s) lack the ratios above one settled above target_loss {decision[0]:g} (not evaluated "

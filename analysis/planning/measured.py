@@ -33,7 +33,6 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,10 +42,9 @@ from tqdm.auto import tqdm
 from analysis.engine.loss import relative_loss
 from analysis.errors import UserError
 from analysis.inputs.data import EvalLoader
-from analysis.io import sidecar as schema
 from analysis.io.fingerprint import json_fingerprint
 from analysis.io.lock import exclusive
-from analysis.io.results import load_sensitivities
+from analysis.io.record import AnalysisSource, analysis_path, as_record
 from analysis.io.search_log import Encoded, JointScore, Picks, SearchLog
 from analysis.io.sidecar import Sidecar
 from analysis.metrics import METRICS, Metric, metric_named
@@ -448,14 +446,15 @@ class PlanScoring:
 def build_measured_plan(
     model: nn.Module,
     example_input: torch.Tensor,
-    analysis_file: str | Path,
+    analysis: AnalysisSource,
     target: float,
     scoring: PlanScoring,
     measure: str = "macs",
     settings: SearchSettings | None = None,
     progress: bool | None = None,
 ) -> Plan:
-    """A plan for ``target`` (a reduction of ``measure``) chosen by measuring whole plans (see the module docstring).
+    """A plan for ``target`` (a reduction of ``measure``) chosen by measuring whole plans (see the module docstring),
+    from ``analysis`` (its record, or the analysis file to read under the file's lock).
 
     Raises:
         AnalysisFileError: As :func:`~analysis.planning.plan.build_plan`.
@@ -467,10 +466,12 @@ def build_measured_plan(
     if scoring.calibration is None:
         logger.warning("No calibration images: the measured plan's joint evaluations keep the dense model's "
                        "BatchNorm statistics (name training images in Global.calib_list).")  # fmt: skip
+    analysis_file = analysis_path(analysis)
     with eval_mode(model), exclusive(analysis_file):
-        planner, options = open_planner(model, example_input, analysis_file, measure)
-        sensitivities = load_sensitivities(analysis_file)
-        sidecar = schema.load(analysis_file) or Sidecar()
+        record = as_record(analysis)
+        planner, options = open_planner(model, example_input, record, measure)
+        sensitivities = record.sensitivities
+        sidecar = record.sidecar or Sidecar()
         goal = target * planner.dense_measure
         knapsack = planner.allocate(options, target)
         starts = {"knapsack": _picks(options, knapsack.choices)}

@@ -16,7 +16,6 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,9 +24,9 @@ from torch import nn
 
 from analysis.engine.loss import divides_by_baseline
 from analysis.errors import AnalysisFileError, UserError, did_you_mean
-from analysis.io import sidecar as schema
 from analysis.io.fingerprint import model_fingerprint
-from analysis.io.results import load_sensitivities, sidecar_path
+from analysis.io.record import AnalysisRecord, AnalysisSource, as_record
+from analysis.io.results import sidecar_path
 from analysis.io.sidecar import CostRecord, PlanGroupRecord, PlanRecord
 from analysis.metrics import METRICS
 from analysis.planning._curves import interpolate, monotone_curve
@@ -214,13 +213,12 @@ def prediction_notice(
     )
 
 
-def summed_prediction_notice(analysis_file: str | Path, predicted: float) -> str | None:
-    """:func:`prediction_notice` with the metric, metric mode, baseline and measured losses of ``analysis_file``."""
-    sidecar = schema.load(analysis_file)
-    settings = sidecar.settings if sidecar is not None else schema.SettingsRecord()
+def summed_prediction_notice(record: AnalysisRecord, predicted: float) -> str | None:
+    """:func:`prediction_notice` with the metric, metric mode, baseline and measured losses of the analysis."""
+    settings = record.settings
     metric = settings.metric_name
-    baseline = (sidecar.baseline or {}).get(metric) if sidecar is not None else None
-    losses = [loss for curve in load_sensitivities(analysis_file).values() for loss in curve.values()]
+    baseline = record.baseline.get(metric)
+    losses = [loss for curve in record.sensitivities.values() for loss in curve.values()]
     largest = max((loss for loss in losses if math.isfinite(loss)), default=0.0)
     return prediction_notice(predicted, metric, settings.metric_mode or "relative", baseline, largest)
 
@@ -234,16 +232,17 @@ def known_loss(value: float) -> float | None:
 def build_plan(
     model: nn.Module,
     example_input: torch.Tensor,
-    analysis_file: str | Path,
+    analysis: AnalysisSource,
     target: float,
     measure: str = "macs",
 ) -> Plan:
-    """Allocate per-group ratios from ``analysis_file`` so that ``measure`` drops by at least ``target``.
+    """Allocate per-group ratios from the analysis so that ``measure`` drops by at least ``target``.
 
     Args:
         model: The analysed model (its weights must be the ones the file was computed on).
         example_input: A batch fixing the input size (the first sample is used for costs).
-        analysis_file: The analysis pickle; its JSON sidecar supplies the criterion and the fingerprint.
+        analysis: The analysis record, or the analysis pickle to read; its JSON sidecar supplies the criterion and
+            the fingerprint.
         target: The reduction to reach, strictly between 0 and 1.
         measure: ``macs`` or ``params``.
 
@@ -253,37 +252,39 @@ def build_plan(
     """
     if not 0.0 < target < 1.0:
         raise UserError(f"target_{measure}_reduction must be between 0 and 1 (0.4 = 40% fewer), got {target}.")
+    record = as_record(analysis)
     with eval_mode(model):
-        planner, options = open_planner(model, example_input, analysis_file, measure)
+        planner, options = open_planner(model, example_input, record, measure)
         allocation = planner.allocate(options, target)
         plan = planner.plan(options, allocation.choices, target, allocation.predicted_loss, allocation.lower_bound)
-    plan.notice = summed_prediction_notice(analysis_file, plan.predicted_loss)
+    plan.notice = summed_prediction_notice(record, plan.predicted_loss)
     return plan
 
 
 def open_planner(
-    model: nn.Module, example_input: torch.Tensor, analysis_file: str | Path, measure: str = "macs"
+    model: nn.Module, example_input: torch.Tensor, analysis: AnalysisSource, measure: str = "macs"
 ) -> tuple[Planner, list[GroupOptions]]:
-    """The :class:`Planner` of ``model`` with the settings of ``analysis_file``, and every analysed group's options
-    (call in eval mode).
+    """The :class:`Planner` of ``model`` with the settings of the analysis (a record, or a file to read), and every
+    analysed group's options (call in eval mode).
 
     Raises:
         AnalysisFileError: As :func:`build_plan`, or when the file holds no filter-pruning losses.
     """
     if measure not in MEASURES:
         raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
-    settings = _analysis_settings(model, analysis_file)
+    record = as_record(analysis)
+    settings = _analysis_settings(model, record)
     planner = Planner(model, example_input, settings, measure)
-    options = planner.options(load_sensitivities(analysis_file))
+    options = planner.options(record.sensitivities)
     if not options:
-        raise AnalysisFileError(f"{analysis_file} has no measured filter-pruning losses to plan with.")
+        raise AnalysisFileError(f"{record.path} has no measured filter-pruning losses to plan with.")
     return planner, options
 
 
 def plan_from_ratios(
     model: nn.Module,
     example_input: torch.Tensor,
-    analysis_file: str | Path,
+    analysis: AnalysisSource,
     ratios: Mapping[str, float],
     source: str = "ratios",
 ) -> Plan:
@@ -297,8 +298,9 @@ def plan_from_ratios(
         AnalysisFileError: As :func:`build_plan`.
         UserError: For a name that is not a prunable unit of the model, or a ratio outside [0, 1).
     """
-    settings = _analysis_settings(model, analysis_file)
-    sensitivities = load_sensitivities(analysis_file)
+    record = as_record(analysis)
+    settings = _analysis_settings(model, record)
+    sensitivities = record.sensitivities
     with eval_mode(model):
         planner = Planner(model, example_input, settings, "macs")
         params, costs = planner.params, planner.costs
@@ -338,7 +340,7 @@ def plan_from_ratios(
         groups.sort(key=lambda g: order[g.members[0]])
         pruned = planner.picks_cost((g.ranking_param, len(g.removed)) for g in groups)
         predicted_total = sum(g.predicted_loss for g in groups)
-        notice = summed_prediction_notice(analysis_file, predicted_total)
+        notice = summed_prediction_notice(record, predicted_total)
         return Plan("macs", None, groups, predicted_total, predicted_total, costs.dense, pruned, settings, source,
                     method="ratios", notice=notice)  # fmt: skip
 
@@ -348,23 +350,22 @@ def param_count(param: PrunableParam, ratio: float, round_to: int = 1) -> int:
     return removal_count(param.channels, ratio, len(param.conv_blocks), round_to)
 
 
-def _analysis_settings(model: nn.Module, analysis_file: str | Path) -> dict[str, Any]:
+def _analysis_settings(model: nn.Module, record: AnalysisRecord) -> dict[str, Any]:
     """How the analysis ranked channels (:meth:`~analysis.io.sidecar.SettingsRecord.ranking`), after checking that
     the file was computed on this model's weights with filter pruning."""
-    sidecar = schema.load(analysis_file)
-    if sidecar is None:
+    if record.sidecar is None:
         raise AnalysisFileError(
-            f"{analysis_file} has no sidecar ({sidecar_path(analysis_file).name}), which a plan needs for the "
+            f"{record.path} has no sidecar ({sidecar_path(record.path).name}), which a plan needs for the "
             "criterion the losses were measured with; rerun the analysis to create it."
         )
-    stored = sidecar.fingerprint.model if sidecar.fingerprint is not None else None
+    stored = record.fingerprint.model if record.fingerprint is not None else None
     if stored is not None and stored != model_fingerprint(model):
         raise AnalysisFileError(
-            f"{analysis_file} was computed on other weights than this model's; plan with the config that wrote it."
+            f"{record.path} was computed on other weights than this model's; plan with the config that wrote it."
         )
-    if (sidecar.settings.granularity or "filter") != "filter":
-        raise AnalysisFileError(f"{analysis_file} holds element-wise losses; a budget plan needs filter pruning.")
-    return sidecar.settings.ranking()
+    if (record.settings.granularity or "filter") != "filter":
+        raise AnalysisFileError(f"{record.path} holds element-wise losses; a budget plan needs filter pruning.")
+    return record.settings.ranking()
 
 
 class Planner:

@@ -1,8 +1,8 @@
 """The self-contained HTML report of an analysis file, and the driver that writes it with its plots.
 
-:func:`write_report` loads the analysis file and its JSON sidecar (:func:`load_analysis`), draws the three PNGs
-(:mod:`analysis.reporting.plots`) and writes ``<stem>.report.html``: run summary, loss table, unprunable convs, the
-plots and the config. The HTML embeds the PNGs as data URIs and needs no network, script or other file.
+:func:`write_report` takes the analysis record (the file and its JSON sidecar, :func:`load_analysis`), draws the
+three PNGs (:mod:`analysis.reporting.plots`) and writes ``<stem>.report.html``: run summary, loss table, unprunable
+convs, the plots and the config. The HTML embeds the PNGs as data URIs and needs no network, script or other file.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 import yaml
 
 from analysis.errors import AnalysisFileError
-from analysis.io import sidecar as schema
 from analysis.io.atomic import atomic_write_text
-from analysis.io.results import Sensitivities, load_sensitivities, sidecar_path
+from analysis.io.record import AnalysisRecord, AnalysisSource, as_record
+from analysis.io.results import sidecar_path
 from analysis.io.sidecar import (
     RANDOM_WEIGHTS,
     ConfigRecord,
@@ -57,34 +57,23 @@ class ReportFiles:
     html: Path
 
 
-@dataclass(frozen=True)
-class ReportData:
-    """An analysis file as the report reads it: the measured losses and, when present, the JSON sidecar."""
-
-    path: Path
-    sensitivities: Sensitivities
-    sidecar: Sidecar | None
-
-
 # ------------------------------------------------------------------------------------------------------ loading
 
 
-def load_analysis(analysis_file: str | os.PathLike[str]) -> ReportData:
-    """Load an analysis file and its sidecar for reporting; parameters without any measured ratio are left out.
+def load_analysis(analysis: AnalysisSource) -> AnalysisRecord:
+    """The record the report draws: ``analysis`` (a record, or an analysis file read once) without the parameters
+    that have no measured ratio.
 
     Raises:
         AnalysisFileError: The file is missing, unreadable, or holds no measured loss.
     """
-    path = Path(analysis_file)
-    if not path.is_file():
-        raise AnalysisFileError(f"Analysis file {path} does not exist; pass the analysis_file a sensitivity run wrote.")
-    sensitivities = {name: curve for name, curve in load_sensitivities(path).items() if curve}
-    if not sensitivities:
+    record = as_record(analysis).measured()
+    if not record.sensitivities:
         raise AnalysisFileError(
-            f"Analysis file {path} holds no measured losses, so there is nothing to report; run the analysis (at "
-            "least one layer and ratio) first."
+            f"Analysis file {record.path} holds no measured losses, so there is nothing to report; run the analysis "
+            "(at least one layer and ratio) first."
         )
-    return ReportData(path, sensitivities, schema.load(path))
+    return record
 
 
 def _settings(sidecar: Sidecar | None) -> SettingsRecord:
@@ -107,7 +96,7 @@ def variant(sidecar: Sidecar | None, name: str, ratio: float) -> VariantRecord |
     return None if sidecar is None else sidecar.variant(name, ratio)
 
 
-def savings_at(data: ReportData, ratio: float, measure: str = "macs") -> dict[str, float] | None:
+def savings_at(data: AnalysisRecord, ratio: float, measure: str = "macs") -> dict[str, float] | None:
     """Per parameter, the fraction of the dense model's MACs (or ``params``) saved by pruning it alone at ``ratio``.
 
     Returns:
@@ -196,7 +185,7 @@ def _model_description(config: ConfigRecord, fingerprint: FingerprintRecord) -> 
     return ("not recorded" + hash_note if model_hash else "not recorded"), "not recorded"
 
 
-def _evaluation_seconds(data: ReportData) -> float | None:
+def _evaluation_seconds(data: AnalysisRecord) -> float | None:
     """Seconds spent evaluating variants, each shared variant (coupled parameters) counted once."""
     sidecar = data.sidecar
     if sidecar is None:
@@ -231,7 +220,7 @@ def _loss_definition(sidecar: Sidecar | None, label: str) -> str:
     return f"{label} = ({worse}) / |baseline {metric}|; positive means worse"
 
 
-def _summary(data: ReportData, target: TargetRatios | None, label: str) -> str:
+def _summary(data: AnalysisRecord, target: TargetRatios | None, label: str) -> str:
     sidecar = data.sidecar or Sidecar()
     config = sidecar.config or ConfigRecord()
     fingerprint = sidecar.fingerprint or FingerprintRecord()
@@ -324,7 +313,7 @@ def _cell_title(record: VariantRecord | None) -> str:
     return "; ".join(parts)
 
 
-def _loss_table(data: ReportData, target: TargetRatios | None, ratio: float, label: str) -> str:
+def _loss_table(data: AnalysisRecord, target: TargetRatios | None, ratio: float, label: str) -> str:
     ratios = analysed_ratios(data.sensitivities)
     values = [loss for curve in data.sensitivities.values() for loss in curve.values()]
     cmap, norm = loss_colouring(values)
@@ -491,7 +480,7 @@ def _figure(png: bytes, alt: str, caption: str) -> str:
 
 
 def render_html(
-    data: ReportData,
+    data: AnalysisRecord,
     curves_png: bytes,
     heatmap_png: bytes,
     savings_png: bytes,
@@ -501,7 +490,7 @@ def render_html(
     """Return the self-contained HTML report: summary, loss table, unprunable convs, the plots and the config.
 
     Args:
-        data: The analysis file and its sidecar (:func:`load_analysis`).
+        data: The analysis record as the report draws it (:func:`load_analysis`).
         curves_png: The curves plot, embedded as a data URI (likewise the next two).
         heatmap_png: The heatmap.
         savings_png: The savings plot.
@@ -584,15 +573,16 @@ def report_paths(analysis_file: str | os.PathLike[str], out_dir: str | os.PathLi
 
 
 def write_report(
-    analysis_file: str | os.PathLike[str],
+    analysis: AnalysisSource,
     out_dir: str | os.PathLike[str] | None = None,
     target_loss: float | None = None,
     ratio: float | None = None,
 ) -> ReportFiles:
-    """Write the three plots and the self-contained HTML report of an analysis file.
+    """Write the three plots and the self-contained HTML report of an analysis.
 
     Args:
-        analysis_file: The analysis pickle; its sidecar (``<file>.json``) adds details when present.
+        analysis: The analysis record, or the analysis pickle to read (:func:`load_analysis`); its sidecar
+            (``<file>.json``) adds details when present.
         out_dir: Where to write (created if needed); default the analysis file's directory.
         target_loss: Marks the derived ratios; default the run's ``target_loss`` from the sidecar's config.
         ratio: The ratio at which the savings plot and table compare loss and MACs; default the largest analysed.
@@ -604,11 +594,11 @@ def write_report(
         AnalysisFileError: The analysis file or its sidecar is missing, unreadable or holds no measured loss.
         ConfigError: ``ratio`` was not analysed.
     """
-    data = load_analysis(analysis_file)
+    data = load_analysis(analysis)
     if target_loss is None:
         target_loss = default_target_loss(data.sidecar)
     ratio = resolve_ratio(data.sensitivities, ratio, str(data.path))
-    files = report_paths(analysis_file, out_dir)
+    files = report_paths(data.path, out_dir)
     label = loss_label(data.sidecar)
     target = TargetRatios.derive(data.sensitivities, target_loss) if target_loss is not None else None
     plot_curves(data.sensitivities, files.curves, target, label)

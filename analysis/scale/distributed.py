@@ -32,11 +32,11 @@ import torch.distributed as dist
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from analysis.errors import UserError
-from analysis.io.atomic import atomic_write_bytes
 from analysis.io.lock import exclusive
-from analysis.io.results import Sensitivities, load_sensitivities, sidecar_path
+from analysis.io.record import load_record
+from analysis.io.results import Sensitivities, copy_analysis, load_sensitivities, sidecar_path
 from analysis.progress import progress_bar
-from analysis.scale.shards import ShardSpec, load_analysis_file, merge_loaded
+from analysis.scale.shards import ShardSpec, merge_records
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def run_ranks(
     main = Path(analysis_file)
     mine = rank.shard_file(main)
     leftovers = sorted(main.parent.glob(rank_file(main, "*").name))
-    sent = _gather([] if overwrite else [load_analysis_file(path) for path in leftovers])
+    sent = _gather([] if overwrite else [load_record(path, missing_ok=True) for path in leftovers])
     error: UserError | None = None
     total = None
     if rank.leader:
@@ -141,8 +141,8 @@ def run_ranks(
                 if overwrite:
                     _remove([main])
                 elif any(sent):
-                    previous = [load_analysis_file(main)] if main.exists() else []
-                    merge_loaded(main, previous + [item for items in sent for item in items])
+                    previous = [load_record(main)] if main.exists() else []
+                    merge_records(main, previous + [item for items in sent for item in items])
             total = analyse(analysis_file=main, shard=None, baseline_only=True, progress=False)
         except UserError as caught:
             error = caught
@@ -150,7 +150,7 @@ def run_ranks(
     _remove(leftovers)
     dist.barrier()  # no rank may still be removing an old rank<R>.pkl once a new one is written
 
-    _copy_analysis(main, mine)
+    copy_analysis(main, mine)
     stop = threading.Event()
     monitor = _start_progress(main, stop, total) if rank.leader else None
     try:
@@ -165,12 +165,13 @@ def run_ranks(
         if monitor is not None:
             monitor.join()
 
-    shards = _gather([load_analysis_file(mine)])
+    shards = _gather([load_record(mine, missing_ok=True)])
     merged = None
     if rank.leader:
         try:
             with exclusive(main):
-                merged = merge_loaded(main, [load_analysis_file(main), *(item for items in shards for item in items)])
+                mine_and_theirs = [record for records in shards for record in records]
+                merged = merge_records(main, [load_record(main, missing_ok=True), *mine_and_theirs])
         except UserError as caught:
             error = caught
     agree(error)
@@ -190,7 +191,8 @@ def fold_local_shards(analysis_file: str | os.PathLike[str], discard: bool = Fal
         _remove(leftovers)
     elif leftovers:
         with exclusive(main):
-            merge_loaded(main, [load_analysis_file(path) for path in ([main] if main.exists() else []) + leftovers])
+            files = ([main] if main.exists() else []) + leftovers
+            merge_records(main, [load_record(path, missing_ok=True) for path in files])
         _remove(leftovers)
         logger.info("Merged %d shard(s) of an interrupted torchrun job into %s.", len(leftovers), main)
     return leftovers
@@ -200,14 +202,6 @@ def _gather(items: Sequence[Any]) -> list[Any]:
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, list(items))
     return gathered
-
-
-def _copy_analysis(source: Path, target: Path) -> None:
-    """Start a shard from the analysis file (what is done and the baseline), sidecar first, pickle last."""
-    if sidecar_path(source).exists():
-        atomic_write_bytes(sidecar_path(target), sidecar_path(source).read_bytes())
-    if source.exists():
-        atomic_write_bytes(target, source.read_bytes())
 
 
 def _remove(paths: Sequence[Path]) -> None:

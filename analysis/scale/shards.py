@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.errors import AnalysisFileError, ConfigError
-from analysis.io import sidecar as schema
-from analysis.io.results import Sensitivities, load_sensitivities
+from analysis.io.record import AnalysisRecord, load_record
+from analysis.io.results import Sensitivities
 from analysis.io.sidecar import Sidecar
 from analysis.io.store import AnalysisStore, Fingerprint
 from analysis.structure.groups import PrunableParam
@@ -106,20 +106,12 @@ def merge_files(output: str | os.PathLike[str], inputs: Sequence[str | os.PathLi
     """
     if not inputs:
         raise ConfigError("merge needs at least one input analysis file.")
-    return merge_loaded(output, [load_analysis_file(path) for path in inputs])
+    return merge_records(output, [load_record(path) for path in inputs])
 
 
-Loaded = tuple[str, Sensitivities, Sidecar | None]
-"""An analysis file in memory: ``(label, sensitivities, sidecar)``."""
-
-
-def load_analysis_file(path: str | os.PathLike[str]) -> Loaded:
-    """Read an analysis file and its sidecar for :func:`merge_loaded`."""
-    return str(path), load_sensitivities(path), schema.load(path)
-
-
-def merge_loaded(output: str | os.PathLike[str], loaded: Sequence[Loaded]) -> Sensitivities:
-    """Like :func:`merge_files`, for ``(label, sensitivities, sidecar)`` already in memory (e.g. sent by ranks)."""
+def merge_records(output: str | os.PathLike[str], records: Sequence[AnalysisRecord]) -> Sensitivities:
+    """Like :func:`merge_files`, for analysis records already read (e.g. sent by ranks); later records win."""
+    loaded = [(str(record.path), record.sensitivities, record.sidecar) for record in records]
     with_sidecar: list[tuple[str, Sidecar]] = [(label, sidecar) for label, _, sidecar in loaded if sidecar is not None]
     reference_label, reference = with_sidecar[0] if with_sidecar else ("", Sidecar())
     for label, sidecar in with_sidecar[1:]:

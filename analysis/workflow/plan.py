@@ -19,11 +19,12 @@ from analysis.config import Config
 from analysis.engine.batchnorm import recalibrate_copy
 from analysis.engine.evaluate import evaluate
 from analysis.engine.fidelity import PassMetrics, fidelity_evaluator
-from analysis.errors import AnalysisFileError, ConfigError
+from analysis.errors import ConfigError
 from analysis.inputs.build import Inputs, build_inputs, needs_calibration
 from analysis.io import sidecar as schema
 from analysis.io.lock import exclusive
 from analysis.io.ratios_yaml import load_ratios_yaml, save_ratios_yaml
+from analysis.io.record import AnalysisRecord, load_record
 from analysis.io.results import ratios_path
 from analysis.io.sidecar import Sidecar
 from analysis.metrics import LABEL_FREE_METRICS
@@ -67,6 +68,7 @@ def run_plan_step(
     inputs: Inputs | None = None,
     progress: bool | None = None,
     ratios_file: str | Path | None = None,
+    record: AnalysisRecord | None = None,
 ) -> PlanResult:
     """Plan (the config's budget, else the given or the ``target_loss`` ratios), then verify and export if asked.
 
@@ -82,11 +84,12 @@ def run_plan_step(
         inputs: The model and data built from ``config`` (built here when not given).
         progress: Progress bars (None: when stderr is a terminal).
         ratios_file: Apply this ratios YAML instead of planning a budget (``run.py verify --ratios``).
+        record: The config's analysis file already read (:func:`~analysis.io.record.load_record`); read here once
+            when not given. Every step below takes this record; only the plan's entry in the sidecar is written back.
     """
     s = config.SensitivityAnalysis
     assert s.analysis_file is not None
-    if not Path(s.analysis_file).is_file():
-        raise AnalysisFileError(f"Analysis file {s.analysis_file} does not exist; run the analysis first.")
+    record = record if record is not None else load_record(s.analysis_file)
     inputs = inputs or build_inputs(config, progress, calibration=needs_calibration(config))
     analysis_file = Path(s.analysis_file)
     model, example = inputs.model, inputs.example_input
@@ -98,7 +101,7 @@ def run_plan_step(
             plan = build_measured_plan(
                 model,
                 example,
-                analysis_file,
+                record,
                 value,
                 _scoring(inputs, search, config.Global.seed),
                 measure,
@@ -107,7 +110,7 @@ def run_plan_step(
             )
             how = f"the best measured plan (loss {plan.predicted_loss:.4f} measured with all groups pruned at once)"
         else:
-            plan = build_plan(model, example, analysis_file, value, measure)
+            plan = build_plan(model, example, record, value, measure)
             how = f"the smallest summed predicted loss ({plan.predicted_loss:.4f})"
         source = plan_path(analysis_file)
         note = (
@@ -120,12 +123,12 @@ def run_plan_step(
         source = Path(ratios_file) if ratios_file is not None else ratios_path(analysis_file)
         if ratios_file is None and not source.exists():
             raise ConfigError(f"No ratios to apply: {source} does not exist; set a budget or target_loss first.")
-        plan = plan_from_ratios(model, example, analysis_file, load_ratios_yaml(source), source=str(source))
+        plan = plan_from_ratios(model, example, record, load_ratios_yaml(source), source=str(source))
         result = PlanResult(plan, None)
-    result.estimates = estimate_notice(analysis_file)
+    result.estimates = estimate_notice(record)
     pruned, batchnorm = None, None
     if s.verify:
-        baseline, evaluator = _evaluation(config, inputs, analysis_file, progress)
+        baseline, evaluator = _evaluation(config, inputs, record, progress)
         pruned, result.verification = verify_plan(
             model, plan, evaluator, example, baseline, calibration=inputs.calibration, progress=progress
         )  # fmt: skip
@@ -138,7 +141,7 @@ def run_plan_step(
             if inputs.calibration is not None:
                 stats = recalibrate_copy(model, pruned, plan.removals(), example, inputs.calibration.loader, progress)
                 if stats.layers:  # the exported statistics get deployed: check their calibration images as verify does
-                    baseline, evaluator = _evaluation(config, inputs, analysis_file, progress)
+                    baseline, evaluator = _evaluation(config, inputs, record, progress)
                     result.export_check = check_calibration(model, stats.layers, evaluator, baseline,
                                                             inputs.calibration, progress)  # fmt: skip
                 batchnorm = _batchnorm_note(stats.layers, inputs.calibration.as_dict(), result.export_check)
@@ -174,7 +177,7 @@ def _batchnorm_note(layers: list[str], calibration: dict[str, Any], check: Calib
 
 
 def _evaluation(
-    config: Config, inputs: Inputs, analysis_file: Path, progress: bool | None
+    config: Config, inputs: Inputs, record: AnalysisRecord, progress: bool | None
 ) -> tuple[dict[str, Any], Callable[[nn.Module], dict[str, float]]]:
     """The dense model's metrics and how a pruned model is evaluated: on the labels, or, after a label-free
     analysis, against the dense model's own outputs on the same images (its metric is then measured too)."""
@@ -182,16 +185,15 @@ def _evaluation(
     if metric in LABEL_FREE_METRICS:
         scoring = PassMetrics(metric, labelled=config.Global.labels != "none")
         return fidelity_evaluator(scoring, inputs.model, inputs.loader, inputs.example_input.device)
-    return _baseline(inputs, analysis_file, progress), lambda m: evaluate(
+    return _baseline(inputs, record, progress), lambda m: evaluate(
         m, inputs.loader, progress=progress, desc="verify"
     ).metrics()
 
 
-def _baseline(inputs: Inputs, analysis_file: Path, progress: bool | None) -> dict[str, Any]:
-    """The dense model's metrics on this data: the sidecar's when it was measured on the same data."""
-    sidecar = schema.load(analysis_file) or Sidecar()
-    stored = sidecar.baseline or {}
-    data = sidecar.fingerprint.data if sidecar.fingerprint is not None else None
+def _baseline(inputs: Inputs, record: AnalysisRecord, progress: bool | None) -> dict[str, Any]:
+    """The dense model's metrics on this data: the analysis's baseline when it was measured on the same data."""
+    stored = record.baseline
+    data = record.fingerprint.data if record.fingerprint is not None else None
     if data == inputs.loader.fingerprint() and "top1" in stored:
         return dict(stored)
     logger.info("Evaluating the dense model (the analysis file's baseline is from other data).")
@@ -199,7 +201,8 @@ def _baseline(inputs: Inputs, analysis_file: Path, progress: bool | None) -> dic
 
 
 def _record(analysis_file: Path, result: PlanResult) -> None:
-    """Store the plan (and verification) in the sidecar, atomically and under the analysis file's lock."""
+    """Store the plan (and verification) in the sidecar, atomically and under the analysis file's lock; the sidecar is
+    read afresh there, as the measured method keeps its search log in it meanwhile."""
     with exclusive(analysis_file):
         sidecar = schema.load(analysis_file) or Sidecar()
         plan = result.plan.record()
