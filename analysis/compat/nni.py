@@ -32,9 +32,9 @@ from analysis.config import SensitivityConfig, validate_section
 from analysis.early_stop import EarlyStop, early_stop_from
 from analysis.engine.settings import AnalysisData, EngineSettings
 from analysis.errors import ConfigError, did_you_mean
-from analysis.io import sidecar as schema
 from analysis.io.atomic import atomic_write_text
-from analysis.io.sidecar import Sidecar, VariantRecord
+from analysis.io.record import load_record
+from analysis.io.sidecar import VariantRecord
 from analysis.ratio import RATIO_DECIMALS
 from analysis.structure.criteria import CRITERIA, lowest_channels
 from analysis.structure.elementwise import ELEMENT_DIMS, element_slices, magnitude_order
@@ -201,7 +201,7 @@ class SensitivityAnalysis:
                 config={"api": "SensitivityAnalysis", "prune_type": self.prune_type, "sparsities": self.sparsities},
                 baseline={"score": self.ori_metric},
             )
-            sidecar = schema.load(path) or Sidecar()
+            record = load_record(path)
         self.unprunable = {name.removesuffix(".weight"): reason for name, reason in outcome.unprunable.items()}
         for name, reason in self.unprunable.items():
             if name in layers and not specified:
@@ -209,7 +209,7 @@ class SensitivityAnalysis:
         results: dict[str, dict[float, float]] = {}
         analysed = {param.module_name for param in outcome.analysed}
         for name in (name for name in layers if name in analysed):  # NNI's order: named_modules
-            scores = {r: _score(sidecar.variant(f"{name}.weight", r)) for r in self.sparsities}
+            scores = {r: _score(record.variant(f"{name}.weight", r)) for r in self.sparsities}
             curve = {r: score for r, score in scores.items() if score is not None}
             if curve:
                 results[name] = curve
