@@ -96,7 +96,7 @@ def merge_main(argv: Sequence[str]) -> int:
 
 
 def deps_main(argv: Sequence[str]) -> int:
-    """``run.py deps``: print and export the channel dependency sets and the convs that cannot be pruned."""
+    """``run.py deps``: print and export the channel dependency sets and the units that cannot be pruned."""
     args = build_deps_parser().parse(argv)
     setup_logging()
     config = load_config(args.config_path, args.overrides)

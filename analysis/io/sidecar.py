@@ -651,7 +651,7 @@ class Sidecar(_Record):
         self.plan_search = section
 
     def absorb(self, other: Sidecar) -> None:
-        """Take in another file's params (its variants win for the same ratio), unprunable convs and, when this
+        """Take in another file's params (its variants win for the same ratio), unprunable units and, when this
         sidecar has none, its baseline and dense cost."""
         params = self.params if self.params is not None else {}
         for name, theirs in other.param_records().items():

@@ -178,7 +178,7 @@ class AnalysisStore:
         self._param(name).update_json(facts.to_json(), f'params["{name}"]')
 
     def mark_unprunable(self, name: str, reason: str) -> None:
-        """Record why a conv was not analysed."""
+        """Record why a unit was not analysed."""
         unprunable = self.sidecar.unprunable
         assert unprunable is not None  # set in __init__
         unprunable[name] = reason

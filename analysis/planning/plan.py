@@ -479,7 +479,7 @@ class Planner:
         except BudgetUnreachable as error:
             best = self.joint_saved({g.key: g.choices[-1] for g in options}) / dense
             raise UserError(
-                f"target_{self.measure}_reduction {target:g} cannot be reached: pruning every analysed conv at its "
+                f"target_{self.measure}_reduction {target:g} cannot be reached: pruning every analysed unit at its "
                 f"largest measured ratio removes {best:.1%} of the {self.measure}; analyse larger "
                 "SensitivityAnalysis.pruned_ratios or lower the target."
             ) from error

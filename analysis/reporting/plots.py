@@ -256,7 +256,7 @@ def plot_curves(
             if target_loss is not None:
                 ax.axhline(target_loss, color="black", linestyle="--", linewidth=1.0, label=f"target {target_loss:g}")
             ax.set_xlim(0.0, all_ratios[-1] * 1.05 if all_ratios[-1] > 0 else 1.0)
-            ax.set_xlabel("pruned ratio (fraction of the conv's filters removed)", fontsize=8)
+            ax.set_xlabel("pruned ratio (fraction of the unit's channels removed)", fontsize=8)
             ax.set_ylabel(label, fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(True, color="#e5e5e5", linewidth=0.5)

@@ -487,7 +487,7 @@ def render_html(
     target: TargetRatios | None = None,
     ratio: float | None = None,
 ) -> str:
-    """Return the self-contained HTML report: summary, loss table, unprunable convs, the plots and the config.
+    """Return the self-contained HTML report: summary, loss table, unprunable units, the plots and the config.
 
     Args:
         data: The analysis record as the report draws it (:func:`load_analysis`).

@@ -1,4 +1,4 @@
-"""The plain-text table printed at the end of a run: losses per ratio, derived ratios, unprunable convs."""
+"""The plain-text table printed at the end of a run: losses per ratio, derived ratios, unprunable units."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from analysis.reporting._format import LABEL_FREE_LOSSES, loss_difference
 
 
 def format_table(outcome: AnalysisOutcome, ratios: Sequence[float], metric: str, metric_mode: str) -> str:
-    """Render one row per analysed param (model order) and, below, the convs that were not analysed.
+    """Render one row per analysed param (model order) and, below, the units that were not analysed.
 
     The heading says what the numbers are: the ``relative`` loss (the metric's drop over its baseline) or, with
     ``metric_mode: absolute``, the plain difference.
@@ -38,7 +38,7 @@ def format_table(outcome: AnalysisOutcome, ratios: Sequence[float], metric: str,
         loss = f"absolute {metric} loss ({loss_difference(metric)})"
     else:
         loss = f"relative {metric} loss"
-    lines = [f"{loss} per pruned ratio ('group' = layers whose channels go with the conv's):"]
+    lines = [f"{loss} per pruned ratio ('group' = layers whose channels go with the unit's):"]
     if outcome.early_stopped:
         lines[0] += " ('stop' = skipped after an early stop, or above a ratio settled above target_loss)"
     if outcome.estimated:

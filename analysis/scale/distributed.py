@@ -1,4 +1,4 @@
-"""Scale-out with torchrun: every rank analyses its share of the convs into its own shard file; rank 0 merges.
+"""Scale-out with torchrun: every rank analyses its share of the units into its own shard file; rank 0 merges.
 
 ``torchrun --nproc_per_node N run.py --config_path cfg`` (or multi-node torchrun) runs one process per rank, each on
 its own device (``cuda:LOCAL_RANK`` when GPUs exist, the CPU with gloo otherwise). The job has three steps, each
@@ -59,7 +59,7 @@ class Rank:
 
     @property
     def shard(self) -> ShardSpec:
-        """This rank's share of the convs."""
+        """This rank's share of the units."""
         return ShardSpec(self.rank + 1, self.world_size)
 
     def shard_file(self, analysis_file: str | os.PathLike[str]) -> Path:
