@@ -26,7 +26,7 @@ _EXPORTS = {
     "EvalResult": "analysis.engine.evaluate",
     "ModelError": "analysis.errors",
     "Plan": "analysis.planning.plan",
-    "PrunableParam": "analysis.structure.groups",
+    "PrunableUnit": "analysis.structure.groups",
     "SensitivityAnalysis": "analysis.compat.nni",
     "UserError": "analysis.errors",
     "analysis_prune": "analysis.compat.paddleslim",
@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from analysis.planning.verify import verify_plan
     from analysis.reporting.report import write_report
     from analysis.structure.flops import CostModel, count_cost
-    from analysis.structure.groups import PrunableParam, find_prunable
+    from analysis.structure.groups import PrunableUnit, find_prunable
     from analysis.workflow.plan import run_plan_step
 
 
@@ -103,7 +103,7 @@ __all__ = [
     "EvalResult",
     "ModelError",
     "Plan",
-    "PrunableParam",
+    "PrunableUnit",
     "SensitivityAnalysis",
     "UserError",
     "__version__",

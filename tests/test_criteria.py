@@ -20,7 +20,7 @@ from analysis.structure.criteria import (
     l2_norm,
     select_channels,
 )
-from analysis.structure.groups import PrunableParam, build_dependency_graph, find_prunable
+from analysis.structure.groups import PrunableUnit, build_dependency_graph, find_prunable
 
 
 def pythagorean_filters() -> torch.Tensor:
@@ -91,7 +91,7 @@ def test_criteria_detach_from_autograd(name: str) -> None:
     assert not scores.requires_grad
 
 
-def ranked_conv() -> tuple[nn.Module, PrunableParam]:
+def ranked_conv() -> tuple[nn.Module, PrunableUnit]:
     """A 1x1 conv with four 2-value filters and its BatchNorm, built so that each criterion removes another channel.
 
     Filters f0 = (5, 0), f1 = (3, 3), f2 = (4, 5), f3 = (6, 8); BatchNorm gammas (1, 2, -1.5, 0.5).

@@ -22,7 +22,7 @@ from analysis.structure.flops import (
     format_count,
     layer_positions,
 )
-from analysis.structure.groups import PrunableParam, build_dependency_graph, describe_units, execution_order
+from analysis.structure.groups import PrunableUnit, build_dependency_graph, describe_units, execution_order
 from analysis.structure.physical import pruned_copy
 
 from tiny_models import (
@@ -51,7 +51,7 @@ def flop_counter_total(model: nn.Module, x: torch.Tensor) -> int:
     return counter.get_total_flops()
 
 
-def some_channels(param: PrunableParam, ratio: float) -> list[int]:
+def some_channels(param: PrunableUnit, ratio: float) -> list[int]:
     """The first ``ratio`` of the output channels; evenly per conv block when grouped convs are involved."""
     if param.conv_blocks:
         per_block = min(len(b) - 1 for b in param.conv_blocks)
@@ -60,7 +60,7 @@ def some_channels(param: PrunableParam, ratio: float) -> list[int]:
     return list(range(max(1, min(param.channels - 1, round(param.channels * ratio)))))
 
 
-def pick(params: list[PrunableParam]) -> list[PrunableParam]:
+def pick(params: list[PrunableUnit]) -> list[PrunableUnit]:
     """A handful of prunable params: the first two, one in the middle, the last two, and up to three that reach
     grouped convs."""
     prunable = [p for p in params if p.prunable]
@@ -70,7 +70,7 @@ def pick(params: list[PrunableParam]) -> list[PrunableParam]:
 
 
 def check_variants(
-    model: nn.Module, x: torch.Tensor, params_of: Callable[[list[PrunableParam]], list], ratios: tuple[float, ...]
+    model: nn.Module, x: torch.Tensor, params_of: Callable[[list[PrunableUnit]], list], ratios: tuple[float, ...]
 ) -> None:
     """Assert variant cost == cost of the physically pruned copy for the chosen params and ratios."""
     graph = build_dependency_graph(model, x)

@@ -8,7 +8,7 @@ import torchvision
 from torch import nn
 
 from analysis.structure.groups import (
-    PrunableParam,
+    PrunableUnit,
     build_dependency_graph,
     execution_order,
     find_prunable,
@@ -37,7 +37,7 @@ def torchvision_model(name: str) -> nn.Module:
     return torchvision.models.get_model(name, weights=None, num_classes=10).eval()
 
 
-def by_name(params: list[PrunableParam]) -> dict[str, PrunableParam]:
+def by_name(params: list[PrunableUnit]) -> dict[str, PrunableUnit]:
     return {p.name: p for p in params}
 
 
@@ -283,7 +283,7 @@ def test_find_prunable_restores_requires_grad_flags() -> None:
     assert len([p for p in params if p.prunable]) == 20
 
 
-def summary(params: list[PrunableParam]) -> list[tuple[object, ...]]:
+def summary(params: list[PrunableUnit]) -> list[tuple[object, ...]]:
     return [(p.name, p.reason, sorted(p.coupled_params), sorted(p.members), p.conv_blocks, p.bn_name) for p in params]
 
 

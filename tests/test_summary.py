@@ -13,13 +13,13 @@ import yaml
 from analysis.engine.run import AnalysisOutcome
 from analysis.engine.sensitivity import EngineReport
 from analysis.reporting.summary import format_table
-from analysis.structure.groups import PrunableParam
+from analysis.structure.groups import PrunableUnit
 
 TINY_MODELS = Path(__file__).resolve().parent / "tiny_models.py"
 
 
 def outcome(path: Path) -> AnalysisOutcome:
-    param = PrunableParam("conv.weight", "conv", (8, 3, 3, 3), members=["conv (Conv2d, out)"])
+    param = PrunableUnit("conv.weight", "conv", (8, 3, 3, 3), members=["conv (Conv2d, out)"])
     losses = {"conv.weight": {0.25: 0.125, 0.5: -0.25}}
     return AnalysisOutcome(path, losses, [param], [param], EngineReport(baseline={"top1": 0.8}))
 

@@ -25,7 +25,7 @@ from analysis.planning.plan import plan_from_ratios
 from analysis.planning.verify import verify_plan
 from analysis.structure.criteria import channel_scores, select_channels
 from analysis.structure.flops import CostModel, count_cost
-from analysis.structure.groups import PrunableParam, build_dependency_graph, find_prunable, select_params
+from analysis.structure.groups import PrunableUnit, build_dependency_graph, find_prunable, select_params
 from analysis.structure.heads import PrunedMultiheadAttention, head_layout
 from analysis.structure.physical import pruned_copy
 
@@ -72,7 +72,7 @@ MODELS = {
 }
 
 
-def is_mlp_hidden(param: PrunableParam) -> bool:
+def is_mlp_hidden(param: PrunableUnit) -> bool:
     """The first layer of a transformer MLP (timm ``mlp.fc1``, torchvision ``mlp.0``)."""
     return param.kind == "linear" and param.module_name.endswith(("mlp.fc1", "mlp.0"))
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from analysis.engine.batchnorm import BatchNorm, layers_in_copy, reestimate, reestimated
 from analysis.inputs.device import is_out_of_memory
-from analysis.structure.groups import PrunableParam, removal_group
+from analysis.structure.groups import PrunableUnit, removal_group
 from analysis.structure.masking import masked
 from analysis.structure.physical import checking_copy
 
@@ -47,9 +47,7 @@ class MaskCheck:
         self.model, self.graph, self.example_input = model, graph, example_input
         self.images = example_input[:CHECK_IMAGES]
 
-    def choose(
-        self, param: PrunableParam, channels: Sequence[int], batchnorms: Sequence[BatchNorm] | None
-    ) -> ModeCheck:
+    def choose(self, param: PrunableUnit, channels: Sequence[int], batchnorms: Sequence[BatchNorm] | None) -> ModeCheck:
         """Masking is used only when it agrees with physical pruning at ``channels``; with ``batchnorms`` (adaptive
         BN: the layers a variant re-estimates) they must also agree after both re-estimate those statistics.
 

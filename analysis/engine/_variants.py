@@ -15,7 +15,7 @@ from analysis.engine._modes import ModeCheck
 from analysis.engine.batchnorm import BatchNorm
 from analysis.structure.elementwise import element_slices, magnitude_order, weights_to_zero
 from analysis.structure.flops import CostSummary
-from analysis.structure.groups import PrunableParam, full_group, removal_group
+from analysis.structure.groups import PrunableUnit, full_group, removal_group
 from analysis.structure.masking import Slice, zeroed, zeroed_slices
 
 
@@ -27,7 +27,7 @@ class Prepared:
     With ``granularity: element`` the layer is the weight's module, ``removal[ratio]`` is ``range(k)`` and the
     weights zeroed are the first ``k`` of ``element_order`` (ascending magnitude)."""
 
-    param: PrunableParam
+    param: PrunableUnit
     conv: nn.Module
     removal: dict[float, Sequence[int]]
     mode: str
@@ -49,7 +49,7 @@ class Prepared:
 
 
 def prepare_elements(
-    model: nn.Module, param: PrunableParam, ratios: Sequence[float], check_input: torch.Tensor
+    model: nn.Module, param: PrunableUnit, ratios: Sequence[float], check_input: torch.Tensor
 ) -> Prepared:
     """Element-wise: order the weights by magnitude; zeroing them is the operation itself, so it is exact."""
     module = model.get_submodule(param.module_name)

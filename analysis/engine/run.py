@@ -16,7 +16,7 @@ from analysis.engine.sensitivity import EngineReport, SensitivityEngine
 from analysis.engine.settings import AnalysisData, EngineSettings
 from analysis.io.results import Sensitivities
 from analysis.io.store import AnalysisStore
-from analysis.structure.groups import PrunableParam
+from analysis.structure.groups import PrunableUnit
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +27,8 @@ class AnalysisOutcome:
 
     analysis_file: Path
     sensitivities: Sensitivities
-    params: list[PrunableParam]
-    analysed: list[PrunableParam]
+    params: list[PrunableUnit]
+    analysed: list[PrunableUnit]
     report: EngineReport
     ratios: dict[str, float] = field(default_factory=dict)
     ratios_file: Path | None = None

@@ -51,7 +51,7 @@ from analysis.metrics import LABEL_FREE_METRICS
 from analysis.progress import progress_bar
 from analysis.structure.criteria import channel_scores, select_channels
 from analysis.structure.flops import CostModel, summarise
-from analysis.structure.groups import PrunableParam, full_group
+from analysis.structure.groups import PrunableUnit, full_group
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class SensitivityEngine:
         self._ranking = (settings.criterion, settings.group_reduction)
 
     # The run
-    def run(self, params: Sequence[PrunableParam]) -> EngineReport:
+    def run(self, params: Sequence[PrunableUnit]) -> EngineReport:
         """Evaluate every missing (unit, ratio) of ``params``; return what was done."""
         baseline = self.measure_baseline()
         self.store.set_cost(self.costs.dense.as_dict())
@@ -153,7 +153,7 @@ class SensitivityEngine:
             self.run_units(params, pending, RunState(baseline, report, bar))
         return report
 
-    def run_units(self, params: Sequence[PrunableParam], pending: Mapping[str, list[float]], state: RunState) -> None:
+    def run_units(self, params: Sequence[PrunableUnit], pending: Mapping[str, list[float]], state: RunState) -> None:
         """Prepare each unit and evaluate its pending ratios: eagerly or on physical copies right away, one unit a
         pass; on the suffix executor after checking every suffix, in chunks of units sharing each pass."""
         if self.suffix is not None:
@@ -325,7 +325,7 @@ class SensitivityEngine:
         return self.scoring.baseline(self.dense, sums, count)
 
     # One param
-    def prepare(self, param: PrunableParam, ratios: Sequence[float], state: RunState) -> Prepared | None:
+    def prepare(self, param: PrunableUnit, ratios: Sequence[float], state: RunState) -> Prepared | None:
         """Rank the channels, choose them per ratio, check masking against physical pruning; None if skipped."""
         if self.settings.granularity == "element":
             prepared = prepare_elements(self.model, param, ratios, self.check_input)
@@ -468,14 +468,14 @@ class SensitivityEngine:
         sources = [module] if element else changed_sources(self.graph, full_group(self.graph, module))
         return downstream_batchnorms(self.graph, sources)
 
-    def _sharing(self, param: PrunableParam) -> list[str]:
+    def _sharing(self, param: PrunableUnit) -> list[str]:
         """Names recorded with this param's evaluation: with ``group_reduction: mean`` every coupled param in the
         analysis removes the same channels, so one evaluation serves them all."""
         if self.settings.group_reduction != "mean":
             return [param.name]
         return [param.name, *[n for n in param.coupled_params if n in self.store.model_order]]
 
-    def _skip(self, param: PrunableParam, reason: str, ratios: Sequence[float], state: RunState) -> None:
+    def _skip(self, param: PrunableUnit, reason: str, ratios: Sequence[float], state: RunState) -> None:
         logger.warning("%s is not analysed: %s.", param.name, reason)
         state.report.skipped[param.name] = reason
         self.store.mark_unprunable(param.name, reason)

@@ -35,7 +35,7 @@ from analysis.ratio import normalise_ratio, ratio_problem
 from analysis.structure.criteria import allowed_counts, channel_scores, lowest_channels, removal_count
 from analysis.structure.flops import Cost, CostModel, ShapeDelta, cost_summary
 from analysis.structure.groups import (
-    PrunableParam,
+    PrunableUnit,
     build_dependency_graph,
     describe_units,
     eval_mode,
@@ -345,7 +345,7 @@ def plan_from_ratios(
                     method="ratios", notice=notice)  # fmt: skip
 
 
-def param_count(param: PrunableParam, ratio: float, round_to: int = 1) -> int:
+def param_count(param: PrunableUnit, ratio: float, round_to: int = 1) -> int:
     """Channels the analysis removed from ``param`` at ``ratio`` (whole conv-group steps, ``round_to`` kept)."""
     return removal_count(param.channels, ratio, len(param.conv_blocks), round_to)
 
@@ -404,7 +404,7 @@ class Planner:
     def options(self, sensitivities: Mapping[str, Mapping[float, float]]) -> list[GroupOptions]:
         """One :class:`GroupOptions` per group of coupled params that has measured losses."""
         analysed = [p for p in self.params if p.prunable and sensitivities.get(p.name)]
-        groups: list[list[PrunableParam]] = []
+        groups: list[list[PrunableUnit]] = []
         seen: set[str] = set()
         for param in analysed:
             if param.name in seen:
@@ -414,7 +414,7 @@ class Planner:
             groups.append(members)
         return [self._group_options(members, sensitivities) for members in groups]
 
-    def _group_options(self, members: list[PrunableParam], sensitivities: Mapping[str, Mapping[float, float]]
+    def _group_options(self, members: list[PrunableUnit], sensitivities: Mapping[str, Mapping[float, float]]
                        ) -> GroupOptions:  # fmt: skip
         channels = members[0].channels
         curves: dict[str, tuple[list[tuple[float, float]], list[tuple[float, float]]]] = {}

@@ -25,7 +25,7 @@ from analysis.io.record import AnalysisRecord, load_record
 from analysis.io.results import Sensitivities
 from analysis.io.sidecar import Sidecar
 from analysis.io.store import AnalysisStore, Fingerprint
-from analysis.structure.groups import PrunableParam
+from analysis.structure.groups import PrunableUnit
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +88,8 @@ def assign(costs: Sequence[tuple[str, float]], count: int) -> list[list[str]]:
 
 
 def shard_params(
-    params: Sequence[PrunableParam], macs_per_module: Mapping[str, int], conv_order: Sequence[str], spec: ShardSpec
-) -> list[PrunableParam]:
+    params: Sequence[PrunableUnit], macs_per_module: Mapping[str, int], conv_order: Sequence[str], spec: ShardSpec
+) -> list[PrunableUnit]:
     """The params of shard ``spec``, in model order; the split depends only on the model and ``params``."""
     downstream = downstream_macs(conv_order, macs_per_module)
     shards = assign([(p.name, float(downstream.get(p.module_name, 1))) for p in params], spec.count)

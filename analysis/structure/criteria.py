@@ -14,7 +14,8 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
-from analysis.structure.groups import PrunableParam, full_group, is_out_channel_item, unit_kind
+from analysis.config import CRITERIA as CRITERION_NAMES
+from analysis.structure.groups import PrunableUnit, full_group, is_out_channel_item, unit_kind
 from analysis.structure.heads import head_weights, is_attention
 
 Criterion = Callable[[torch.Tensor], torch.Tensor]
@@ -43,12 +44,11 @@ def bn_scale(gamma: torch.Tensor) -> torch.Tensor:
     return gamma.detach().abs()
 
 
-CRITERIA: dict[str, Criterion] = {
-    "l1_norm": l1_norm,
-    "l2_norm": l2_norm,
-    "geometry_median": geometry_median,
-    "bn_scale": bn_scale,
-}
+_SCORERS: dict[str, Criterion] = {scorer.__name__: scorer for scorer in (l1_norm, l2_norm, geometry_median, bn_scale)}
+
+CRITERIA: dict[str, Criterion] = {name: _SCORERS[name] for name in CRITERION_NAMES}
+"""The scoring function of each criterion the config offers (:data:`analysis.config.CRITERIA`, the one list of
+names): a name without a function here fails at import, not in a user's run."""
 
 
 def channels_to_remove(channels: int, ratio: float) -> int:
@@ -112,7 +112,7 @@ def lowest_channels(scores: torch.Tensor, count: int, blocks: Sequence[Sequence[
 
 
 def channel_scores(
-    model: nn.Module, graph: tp.DependencyGraph, param: PrunableParam, criterion: str, group_reduction: str = "self"
+    model: nn.Module, graph: tp.DependencyGraph, param: PrunableUnit, criterion: str, group_reduction: str = "self"
 ) -> torch.Tensor:
     """Importance of each output channel of ``param`` (low = removed first).
 

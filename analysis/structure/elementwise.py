@@ -13,13 +13,13 @@ import torch
 from torch import nn
 
 from analysis.structure.criteria import channels_to_remove
-from analysis.structure.groups import PrunableParam
+from analysis.structure.groups import PrunableUnit
 from analysis.structure.masking import Slice
 
 ELEMENT_DIMS = (2, 4)
 
 
-def element_params(model: nn.Module) -> list[PrunableParam]:
+def element_params(model: nn.Module) -> list[PrunableUnit]:
     """Every 2D/4D parameter of ``model`` (``named_parameters`` order), as element-wise pruning candidates."""
     params = []
     for name, weight in model.named_parameters():
@@ -28,7 +28,7 @@ def element_params(model: nn.Module) -> list[PrunableParam]:
         module_name = name.rpartition(".")[0]
         reason = None if weight.numel() > 1 else "has a single element"
         kind = "linear" if weight.dim() == 2 else "conv"
-        params.append(PrunableParam(name, module_name, tuple(weight.shape), reason, kind=kind))
+        params.append(PrunableUnit(name, module_name, tuple(weight.shape), reason, kind=kind))
     return params
 
 

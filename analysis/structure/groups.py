@@ -59,7 +59,7 @@ SUPPORTED_MEMBERS = (*CONV_TYPES, nn.Linear, nn.modules.batchnorm._BatchNorm, nn
 
 
 @dataclass
-class PrunableParam:
+class PrunableUnit:
     """One unit (a conv's filters, a Linear's neurons or an attention module's heads), whether it can be pruned
     (``reason`` is None) and what its removal takes with it.
 
@@ -259,7 +259,7 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
             module.training = flag
 
 
-def find_prunable(model: nn.Module, example_input: torch.Tensor) -> list[PrunableParam]:
+def find_prunable(model: nn.Module, example_input: torch.Tensor) -> list[PrunableUnit]:
     """List every unit (conv filters, Linear neurons, attention heads) in forward order, with its group, or the
     reason it is not prunable."""
     with eval_mode(model):
@@ -267,8 +267,8 @@ def find_prunable(model: nn.Module, example_input: torch.Tensor) -> list[Prunabl
         return describe_units(model, graph, execution_order(model, example_input))
 
 
-def describe_units(model: nn.Module, graph: tp.DependencyGraph, order: Sequence[str]) -> list[PrunableParam]:
-    """Build a :class:`PrunableParam` for each unit root in ``order`` (plus roots never run, at the end)."""
+def describe_units(model: nn.Module, graph: tp.DependencyGraph, order: Sequence[str]) -> list[PrunableUnit]:
+    """Build a :class:`PrunableUnit` for each unit root in ``order`` (plus roots never run, at the end)."""
     modules = dict(model.named_modules())
     names: dict[object, str] = {module: name for name, module in modules.items()}
     names.update({param: name for name, param in model.named_parameters()})
@@ -300,11 +300,11 @@ def _projection_owners(modules: dict[str, nn.Module]) -> dict[nn.Module, str]:
     return owners
 
 
-def _unused(name: str, module: nn.Module, owners: dict[nn.Module, str]) -> PrunableParam:
+def _unused(name: str, module: nn.Module, owners: dict[nn.Module, str]) -> PrunableUnit:
     """A root the forward pass never calls: an attention's inner projection, or a layer the model does not use."""
     kind = unit_kind(module)
     assert kind is not None
-    param = PrunableParam(unit_name(name, module), name, unit_shape(module), "not used by the forward pass", kind=kind)
+    param = PrunableUnit(unit_name(name, module), name, unit_shape(module), "not used by the forward pass", kind=kind)
     if module in owners:
         param.reason = _projection_reason(owners[module])
     return param
@@ -322,10 +322,10 @@ def _describe(
     outputs: set[nn.Module],
     owners: dict[nn.Module, str],
     budget: _SearchBudget,
-) -> PrunableParam:
+) -> PrunableUnit:
     kind = unit_kind(root)
     assert kind is not None
-    param = PrunableParam(unit_name(name, root), name, unit_shape(root), kind=kind)
+    param = PrunableUnit(unit_name(name, root), name, unit_shape(root), kind=kind)
     if kind == "heads":
         return _describe_heads(param, root, graph, names)
     if root in owners:
@@ -409,8 +409,8 @@ def _search_group(
 
 
 def _describe_heads(
-    param: PrunableParam, attention: nn.Module, graph: tp.DependencyGraph, names: dict[object, str]
-) -> PrunableParam:
+    param: PrunableUnit, attention: nn.Module, graph: tp.DependencyGraph, names: dict[object, str]
+) -> PrunableUnit:
     """A heads unit: its members are the projections that lose rows and columns."""
     param.reason = layout_problem(attention)
     if param.reason is None and param.channels < 2:
@@ -456,14 +456,14 @@ def _conv_blocks(graph: tp.DependencyGraph, group: tp.dependency.Group, channels
 
 
 def select_params(
-    params: Sequence[PrunableParam],
+    params: Sequence[PrunableUnit],
     names: Sequence[str] | None,
     skip: Sequence[str] = (),
     key: str = "SensitivityAnalysis.prune_params_name",
     skip_key: str = "SensitivityAnalysis.skip_params",
     units: Sequence[str] | None = None,
     units_key: str = "SensitivityAnalysis.units",
-) -> list[PrunableParam]:
+) -> list[PrunableUnit]:
     """The params to analyse, in model order: ``names`` (all prunable ones of the kinds in ``units``, every kind
     when None, when ``names`` is None) minus ``skip``.
 
@@ -476,7 +476,7 @@ def select_params(
     kinds = set(UNIT_KINDS if units is None else units)
     by_name = {p.name: p for p in params}
 
-    def resolve(name: str, which: str) -> PrunableParam:
+    def resolve(name: str, which: str) -> PrunableUnit:
         found = by_name.get(name) or by_name.get(f"{name}.weight")
         if found is None:
             raise ConfigError(
@@ -509,7 +509,7 @@ def select_params(
 
 
 def _nothing_left(
-    params: Sequence[PrunableParam],
+    params: Sequence[PrunableUnit],
     kinds: set[str],
     units: Sequence[str] | None,
     units_key: str,

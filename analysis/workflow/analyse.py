@@ -29,7 +29,7 @@ from analysis.scale.shards import ShardSpec, shard_params
 from analysis.structure.elementwise import element_params
 from analysis.structure.flops import CostModel
 from analysis.structure.groups import (
-    PrunableParam,
+    PrunableUnit,
     build_dependency_graph,
     describe_units,
     eval_mode,
@@ -155,7 +155,7 @@ def derive_ratios(outcome: AnalysisOutcome, target_loss: float, criterion: str, 
     save_ratios_yaml(outcome.ratios_file, outcome.ratios, order, criterion, target_loss, granularity)
 
 
-def _count_kinds(params: Sequence[PrunableParam]) -> str:
+def _count_kinds(params: Sequence[PrunableUnit]) -> str:
     """``"52 conv, 2 linear"``: how many units of each kind (in :data:`UNIT_KINDS` order)."""
     counts = Counter(p.kind for p in params)
     return ", ".join(f"{counts[kind]} {kind}" for kind in UNIT_KINDS if counts[kind]) or "none"
