@@ -136,6 +136,7 @@ class SensitivityConfig:
     eval_budget: int | None = None
     verify: bool = False
     export_dir: str | None = None
+    export_onnx: bool = True
     report: bool = True
 
 

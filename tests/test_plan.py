@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import onnxruntime
 import pytest
 import torch
 import yaml
@@ -293,8 +294,18 @@ def test_demo_plan_verified_and_exported(
     images = next(iter(loader))[0]
     with torch.inference_mode():
         assert torch.equal(pickled(images), rebuilt(images))
-    changed = json.loads((export_dir / "pruned_channels.json").read_text())["changed_layers"]
+    exported_facts = json.loads((export_dir / "pruned_channels.json").read_text())
+    changed = exported_facts["changed_layers"]
     assert changed and all(rebuilt.get_submodule(name) is not None for name in changed)
+    # the ONNX export: checked on export, and ONNX Runtime computes what the exported PyTorch model computes
+    onnx_check = exported_facts["onnx"]
+    assert onnx_check["file"] == "pruned_model.onnx" and onnx_check["max_abs_diff"] <= onnx_check["tolerance"]
+    assert plan["exported"]["onnx"] == str(export_dir / "pruned_model.onnx") and "ONNX (pruned_model.onnx" in result.out
+    session = onnxruntime.InferenceSession(str(export_dir / "pruned_model.onnx"), providers=["CPUExecutionProvider"])
+    (logits,) = session.run(["logits"], {"images": images.numpy()})
+    with torch.inference_mode():
+        expected = rebuilt(images)
+    assert (torch.from_numpy(logits) - expected).abs().max() <= 1e-4 * max(1.0, float(expected.abs().max()))
 
     block = yaml.safe_load((export_dir / "channel_prune.yaml").read_text())["ChannelPrune"]
     assert block["prune_params_name"] and len(block["pruned_ratio"]) == len(block["prune_params_name"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from analysis.io.onnx_check import OnnxCheck
 from analysis.planning.plan import Plan
 from analysis.planning.verify import CalibrationCheck, Verification
 
@@ -19,6 +20,7 @@ class PlanResult:
     exported: dict[str, Path] | None = None
     estimates: str | None = None
     export_check: CalibrationCheck | None = None  # the calibration check of an export without verification
+    onnx_check: OnnxCheck | None = None  # the exported ONNX file compared with PyTorch (with the onnx extra)
 
     @property
     def calibration_check(self) -> CalibrationCheck | None:

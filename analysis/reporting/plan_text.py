@@ -109,6 +109,12 @@ def format_plan(result: PlanResult) -> str:
         statistics = (" (its BatchNorm statistics re-estimated on calibration images that failed the calibration "
                       "check: unreliable)") if unreliable else ""  # fmt: skip
         lines.append(f"exported: {', '.join(str(p) for p in result.exported.values())}{statistics}")
+        onnx = result.onnx_check
+        if onnx is not None:
+            lines.append(
+                f"ONNX ({onnx.file}, opset {onnx.opset}): ONNX Runtime equals PyTorch within {onnx.tolerance:.2g} on "
+                f"{onnx.images} images (max difference {onnx.max_abs_diff:.2g})"
+            )
     return "\n".join(lines)
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from analysis.config import Config
@@ -23,6 +24,7 @@ from analysis.errors import ConfigError
 from analysis.inputs.build import Inputs, build_inputs, needs_calibration
 from analysis.io import sidecar as schema
 from analysis.io.lock import exclusive
+from analysis.io.onnx_check import OnnxCheck
 from analysis.io.ratios_yaml import load_ratios_yaml, save_ratios_yaml
 from analysis.io.record import AnalysisRecord, load_record
 from analysis.io.results import ratios_path
@@ -34,12 +36,14 @@ from analysis.planning.measured import PlanScoring, SearchSettings, build_measur
 from analysis.planning.plan import build_plan, plan_from_ratios
 from analysis.planning.result import PlanResult
 from analysis.planning.verify import CalibrationCheck, check_calibration, verify_plan
+from analysis.runtimes.onnx_export import check_onnx, export_onnx, missing_modules
 from analysis.structure.physical import jointly_pruned_copy
 
 logger = logging.getLogger(__name__)
 
 PLAN_YAML_SUFFIX = ".plan.yaml"
 EXPORTED_YAML = "channel_prune.yaml"
+ONNX_FILE = "pruned_model.onnx"
 
 
 def plan_path(analysis_file: str | Path) -> Path:
@@ -151,7 +155,13 @@ def run_plan_step(
             "arch_kwargs": config.Global.arch_kwargs,
             "batchnorm": batchnorm or {"reestimated": False, "why": "no calibration images (Global.calib_list)"},
         }
+        if s.export_onnx:
+            result.onnx_check = _export_onnx(pruned, example, inputs, Path(s.export_dir))
+            if result.onnx_check is not None:
+                extra["onnx"] = result.onnx_check.as_dict()
         result.exported = export_pruned(pruned, model, s.export_dir, extra)
+        if result.onnx_check is not None:
+            result.exported["onnx"] = Path(s.export_dir) / result.onnx_check.file
         shutil.copyfile(source, Path(s.export_dir) / EXPORTED_YAML)
         result.exported["ratios"] = Path(s.export_dir) / EXPORTED_YAML
     _record(analysis_file, result)
@@ -198,6 +208,26 @@ def _baseline(inputs: Inputs, record: AnalysisRecord, progress: bool | None) -> 
         return dict(stored)
     logger.info("Evaluating the dense model (the analysis file's baseline is from other data).")
     return evaluate(inputs.model, inputs.loader, progress=progress, desc="dense").metrics()
+
+
+def _export_onnx(pruned: nn.Module, example: torch.Tensor, inputs: Inputs, folder: Path) -> OnnxCheck | None:
+    """Export the pruned model as ONNX beside the PyTorch files and check it against PyTorch on evaluation images;
+    None (with a notice) without the onnx extra."""
+    missing = missing_modules()
+    if missing:
+        logger.info(
+            "No ONNX export: %s not installed (pip install -e \".[onnx]\"; SensitivityAnalysis.export_onnx: false "
+            "silences this).", ", ".join(missing),
+        )  # fmt: skip
+        return None
+    path = folder / ONNX_FILE
+    exporter = export_onnx(pruned, example, path)
+    check = check_onnx(path, pruned, inputs.loader, exporter)
+    logger.info(
+        "ONNX export: %s (opset %d, %s exporter); ONNX Runtime equals PyTorch within %.2g on %d images (max "
+        "difference %.2g).", path, check.opset, check.exporter, check.tolerance, check.images, check.max_abs_diff,
+    )  # fmt: skip
+    return check
 
 
 def _record(analysis_file: Path, result: PlanResult) -> None:

@@ -1,0 +1,199 @@
+"""Runtimes that measure a model's latency: ``torch`` (eager on the analysis device), ``onnxruntime`` (its CPU
+execution provider, or CUDA's on a GPU), and ``command`` (any shell command given the ONNX file, e.g.
+``trtexec --onnx={onnx}`` or a script that benchmarks on a phone, printing a latency in ms).
+
+A runtime takes the model, the shape of one input sample and a batch size and returns a :class:`Latency`; the ONNX
+runtimes export the model first (:mod:`analysis.runtimes.onnx_export`) into a temporary file.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import string
+import subprocess
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from analysis.errors import ConfigError, UserError, did_you_mean
+from analysis.runtimes.onnx_export import INPUT_NAME, OUTPUT_NAME, export_onnx, require_extra
+from analysis.runtimes.timing import Latency, TimingPlan, time_calls
+
+RUNTIMES = ("torch", "onnxruntime", "command")
+"""The runtimes a latency can be measured on."""
+
+NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+
+COMMAND_TIMEOUT_SECONDS = 1800.0
+
+
+class Runtime(ABC):
+    """Measures a model's latency at one batch size.
+
+    Attributes:
+        name: The runtime's name (:data:`RUNTIMES`).
+        device: Where it runs, for records and cache keys.
+    """
+
+    name: str
+    device: str
+
+    @abstractmethod
+    def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
+        """The latency of one call of ``model`` on ``batch`` inputs of ``sample_shape`` (C, H, W)."""
+
+
+class TorchRuntime(Runtime):
+    """Eager PyTorch on ``device`` under inference mode; CUDA work is synchronised before each clock read."""
+
+    name = "torch"
+
+    def __init__(self, device: torch.device, plan: TimingPlan | None = None) -> None:
+        self.torch_device, self.plan = device, plan or TimingPlan()
+        self.device = str(device)
+
+    def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
+        inputs = _inputs(sample_shape, batch).to(self.torch_device)
+        model = model.to(self.torch_device).eval()
+
+        def call() -> None:
+            with torch.inference_mode():
+                model(inputs)
+            if self.torch_device.type == "cuda":
+                torch.cuda.synchronize(self.torch_device)
+
+        median, spread, repeats = time_calls(call, self.plan)
+        return Latency(self.name, self.device, batch, median, spread, repeats)
+
+
+class OnnxRuntime(Runtime):
+    """ONNX Runtime with the CUDA execution provider when the analysis runs on a GPU and it is available, else the
+    CPU provider (its default threads: one per physical core)."""
+
+    name = "onnxruntime"
+
+    def __init__(self, device: torch.device, plan: TimingPlan | None = None) -> None:
+        require_extra("The onnxruntime runtime")
+        import onnxruntime as ort  # the optional extra
+
+        cuda = device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers()
+        self.providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if cuda else ["CPUExecutionProvider"]
+        self.device = f"onnxruntime {'cuda' if cuda else 'cpu'}"
+        self.plan = plan or TimingPlan()
+
+    def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
+        import onnxruntime as ort  # the optional extra
+
+        with tempfile.TemporaryDirectory(prefix="latency-") as folder:
+            path = Path(folder) / "model.onnx"
+            export_onnx(model, _inputs(sample_shape, 2), path)
+            session = ort.InferenceSession(str(path), providers=self.providers)
+        feed = {INPUT_NAME: _inputs(sample_shape, batch).numpy()}
+        median, spread, repeats = time_calls(lambda: session.run([OUTPUT_NAME], feed), self.plan)
+        return Latency(self.name, self.device, batch, median, spread, repeats)
+
+
+class CommandRuntime(Runtime):
+    """A user's command, run once per measurement on the exported ONNX file.
+
+    The template is split like a shell command line (no shell: use ``sh -c '...'`` for pipes) and may use
+    ``{onnx}`` (the file), ``{batch}`` and ``{shape}`` (``1x3x224x224``). The command must exit 0 and print the
+    latency in ms: the last number it prints, or the first group of ``pattern`` (a regular expression) where given.
+
+    Raises:
+        ConfigError: For a template without ``{onnx}``, an unknown placeholder, or a pattern without one group.
+    """
+
+    name = "command"
+
+    def __init__(self, template: str, pattern: str | None = None, key: str = "runtime_command") -> None:
+        require_extra("The command runtime")
+        self.key = key
+        try:
+            fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+        except ValueError as error:
+            raise ConfigError(
+                f"{key} '{template}' is not a valid template ({error}); pass the file as {{onnx}}."
+            ) from None
+        unknown = fields - {"onnx", "batch", "shape"}
+        if unknown or "onnx" not in fields:
+            raise ConfigError(
+                f"{key} must pass the model as {{onnx}} and may use {{batch}} and {{shape}}; got '{template}'."
+            )
+        self.template, self.device = template, f"command: {template}"
+        self.pattern = None
+        if pattern is not None:
+            try:
+                self.pattern = re.compile(pattern)
+            except re.error as error:
+                raise ConfigError(f"runtime_pattern '{pattern}' is not a regular expression ({error}).") from None
+            if self.pattern.groups != 1:
+                raise ConfigError(f"runtime_pattern '{pattern}' must have one group, the latency in ms.")
+
+    def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
+        with tempfile.TemporaryDirectory(prefix="latency-") as folder:
+            path = Path(folder) / "model.onnx"
+            export_onnx(model, _inputs(sample_shape, 2), path)
+            shape = "x".join(str(n) for n in (batch, *sample_shape))
+            command = shlex.split(self.template.format(onnx=path, batch=batch, shape=shape))
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_SECONDS)
+            except (OSError, subprocess.TimeoutExpired) as error:
+                raise UserError(f"{self.key} '{self.template}' could not run: {error}.") from None
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip().splitlines()
+            raise UserError(
+                f"{self.key} '{self.template}' failed with exit code {done.returncode}"
+                f"{': ' + said[-1][:200] if said else ''}; run it by hand on an ONNX file to see why."
+            )
+        return Latency(self.name, self.device, batch, self._latency(done.stdout), 0.0, 1)
+
+    def _latency(self, output: str) -> float:
+        """The latency in ms the command printed."""
+        if self.pattern is not None:
+            matches = self.pattern.findall(output)
+            text = matches[-1] if matches else None
+        else:
+            numbers = NUMBER.findall(output)
+            text = numbers[-1] if numbers else None
+        try:
+            value = float(text) if text is not None else None
+        except ValueError:
+            value = None
+        if value is None or not value > 0 or value == float("inf"):
+            shown = output.strip().splitlines()[-1][:200] if output.strip() else "nothing"
+            raise UserError(
+                f"{self.key} '{self.template}' printed no latency (a positive number of ms) as "
+                f"{'the pattern asks' if self.pattern is not None else 'its last number'}; its output ended with: "
+                f"{shown}."
+            )
+        return value
+
+
+def make_runtime(
+    name: str, device: torch.device, command: str | None = None, pattern: str | None = None, key: str = "runtime"
+) -> Runtime:
+    """The runtime called ``name`` (:data:`RUNTIMES`).
+
+    Raises:
+        ConfigError: For an unknown name, or ``command`` without a command template.
+    """
+    if name == "torch":
+        return TorchRuntime(device)
+    if name == "onnxruntime":
+        return OnnxRuntime(device)
+    if name == "command":
+        if not command:
+            raise ConfigError(f"{key}: command needs runtime_command, e.g. 'trtexec --onnx={{onnx}}'.")
+        return CommandRuntime(command, pattern)
+    raise ConfigError(f"{key} must be one of {', '.join(RUNTIMES)}, got '{name}'{did_you_mean(name, RUNTIMES)}.")
+
+
+def _inputs(sample_shape: Sequence[int], batch: int) -> torch.Tensor:
+    """Seeded random inputs (a runtime's speed does not depend on the values of dense float inputs)."""
+    return torch.randn((batch, *sample_shape), generator=torch.Generator().manual_seed(0))

@@ -1,0 +1,73 @@
+"""A robust latency from repeated calls: warm-up calls first, then timed calls until enough were made or the time
+budget is spent; the median is the latency and the interquartile range its spread (both robust to the odd slow call
+a shared machine produces)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TimingPlan:
+    """How a latency is measured.
+
+    Attributes:
+        warmup: Untimed calls first (allocations, kernel selection, caches).
+        repeats: Timed calls at most.
+        min_repeats: Timed calls at least, whatever the budget.
+        budget_seconds: Time the timed calls may take beyond ``min_repeats``.
+    """
+
+    warmup: int = 3
+    repeats: int = 20
+    min_repeats: int = 5
+    budget_seconds: float = 2.0
+
+
+@dataclass(frozen=True)
+class Latency:
+    """One measured latency.
+
+    Attributes:
+        runtime: Which runtime measured it (``torch``, ``onnxruntime``, ``command``).
+        device: Where it ran (``cpu``, ``cuda:0``, or the command's own target).
+        batch: Images per call.
+        median_ms: Median wall time of one call, in ms.
+        spread_ms: Interquartile range of the timed calls, in ms (0 for a command, which reports one number).
+        repeats: Timed calls.
+    """
+
+    runtime: str
+    device: str
+    batch: int
+    median_ms: float
+    spread_ms: float
+    repeats: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """The latency as JSON-ready data."""
+        return asdict(self)
+
+
+def time_calls(call: Callable[[], None], plan: TimingPlan = TimingPlan()) -> tuple[float, float, int]:
+    """``(median ms, interquartile range ms, timed calls)`` of ``call`` (which must wait for its own result, e.g.
+    synchronise a GPU, so that the clock reads finished work)."""
+    for _ in range(plan.warmup):
+        call()
+    times: list[float] = []
+    spent = 0.0
+    while len(times) < plan.repeats and (len(times) < plan.min_repeats or spent < plan.budget_seconds):
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1000.0)
+        spent += times[-1] / 1000.0
+    if len(times) >= 4:
+        quartiles = statistics.quantiles(times, n=4)
+        spread = quartiles[2] - quartiles[0]
+    else:
+        spread = max(times) - min(times)
+    return round(statistics.median(times), 4), round(spread, 4), len(times)
