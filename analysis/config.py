@@ -47,6 +47,7 @@ LABEL_MODES = ("required", "none")
 GROUP_REDUCTIONS = ("self", "mean")
 DATA_CACHE_MODES = ("auto", "ram", "off")
 ENGINES = ("fast", "reference")
+LATENCY_RUNTIMES = ("auto", "torch", "onnxruntime", "command")
 METRIC_MODES = ("relative", "absolute")
 GRANULARITIES = ("filter", "element")
 UNIT_KINDS = ("conv", "linear", "heads")
@@ -132,6 +133,12 @@ class SensitivityConfig:
     round_to: int = 1
     target_macs_reduction: float | None = None
     target_params_reduction: float | None = None
+    target_latency_reduction: float | None = None
+    target_latency_ms: float | None = None
+    latency_runtime: str = "auto"
+    latency_batch: int = 1
+    runtime_command: str | None = None
+    runtime_pattern: str | None = None
     plan_method: str = "knapsack"
     eval_budget: int | None = None
     verify: bool = False
@@ -328,12 +335,17 @@ def validate_budget(s: SensitivityConfig) -> None:
     """At most one budget target, each a fraction in (0, 1); ``verify``/``export_dir`` need something to apply."""
     if s.export_dir is not None and not s.export_dir.strip():
         raise ConfigError("SensitivityAnalysis.export_dir is empty; name a folder (. for the current one).")
-    targets = {"target_macs_reduction": s.target_macs_reduction, "target_params_reduction": s.target_params_reduction}
+    targets = {
+        "target_macs_reduction": s.target_macs_reduction,
+        "target_params_reduction": s.target_params_reduction,
+        "target_latency_reduction": s.target_latency_reduction,
+    }
     given = {k: v for k, v in targets.items() if v is not None}
-    if len(given) > 1:
-        raise ConfigError(
-            "SensitivityAnalysis.target_macs_reduction and target_params_reduction are both set; keep one budget."
-        )
+    absolute = s.target_latency_ms is not None
+    if len(given) + absolute > 1:
+        names = [*given, *(["target_latency_ms"] if absolute else [])]
+        raise ConfigError(f"SensitivityAnalysis.{' and '.join(names)} are all set; keep one budget.")
+    validate_latency(s, bool(given) or absolute)
     if given and s.granularity == "element":
         raise ConfigError(
             f"SensitivityAnalysis.{next(iter(given))} plans filter pruning; it does not apply to granularity: element."
@@ -352,11 +364,34 @@ def validate_budget(s: SensitivityConfig) -> None:
             f"SensitivityAnalysis.eval_budget must be a positive number of evaluations, got {s.eval_budget}."
         )
     check_plan_granularity(s)
-    if (s.verify or s.export_dir is not None) and not given and s.target_loss is None:
+    if (s.verify or s.export_dir is not None) and not given and not absolute and s.target_loss is None:
         key = "verify" if s.verify else "export_dir"
         raise ConfigError(
             f"SensitivityAnalysis.{key} needs ratios to apply: set SensitivityAnalysis.target_macs_reduction, "
-            "target_params_reduction or target_loss."
+            "target_params_reduction, target_latency_reduction, target_latency_ms or target_loss."
+        )
+
+
+def validate_latency(s: SensitivityConfig, budget: bool) -> None:
+    """The latency budget's keys: a positive goal in ms, a known runtime (a command template for ``command``), a
+    positive batch; the measured method plans on MACs or params only (for now)."""
+    if s.target_latency_ms is not None and not (s.target_latency_ms > 0 and math.isfinite(s.target_latency_ms)):
+        raise ConfigError(
+            f"SensitivityAnalysis.target_latency_ms must be a positive time in ms, got {s.target_latency_ms}."
+        )
+    check_choice("SensitivityAnalysis.latency_runtime", s.latency_runtime, LATENCY_RUNTIMES)
+    if s.latency_runtime == "command" and not (s.runtime_command or "").strip():
+        raise ConfigError(
+            "SensitivityAnalysis.latency_runtime: command needs SensitivityAnalysis.runtime_command, e.g. "
+            "'trtexec --onnx={onnx}' (it must print the latency in ms)."
+        )
+    if s.latency_batch < 1:
+        raise ConfigError(f"SensitivityAnalysis.latency_batch must be a positive batch size, got {s.latency_batch}.")
+    latency = s.target_latency_reduction is not None or s.target_latency_ms is not None
+    if latency and budget and s.plan_method == "measured":
+        raise ConfigError(
+            "SensitivityAnalysis.plan_method: measured plans for a MACs or params budget; a latency budget is planned "
+            "with plan_method: knapsack, measured end to end on the runtime."
         )
 
 

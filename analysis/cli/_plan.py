@@ -10,7 +10,14 @@ from pathlib import Path
 from analysis.cli._exit import EXIT_OK
 from analysis.cli._logs import setup_logging
 from analysis.cli._parser import CommandParser
-from analysis.config import PLAN_METHODS, Config, check_plan_granularity, config_from_data, load_config
+from analysis.config import (
+    LATENCY_RUNTIMES,
+    PLAN_METHODS,
+    Config,
+    check_plan_granularity,
+    config_from_data,
+    load_config,
+)
 from analysis.errors import ConfigError
 from analysis.inputs.build import Inputs, build_inputs, needs_calibration
 from analysis.io.outputs import check_config_outputs, check_output_folder
@@ -29,7 +36,8 @@ def build_plan_parser() -> CommandParser:
     """The parser of ``run.py plan``."""
     parser = CommandParser(
         prog="run.py plan",
-        description="Allocate per-layer ratios reaching a MACs or params reduction with the smallest predicted loss, "
+        description="Allocate per-layer ratios reaching a MACs, params or measured latency reduction with the "
+        "smallest predicted loss, "
         "from the analysis file the config names (the analysis runs first if that file is missing); optionally "
         "verify the jointly pruned model and export it.",
     )
@@ -37,6 +45,13 @@ def build_plan_parser() -> CommandParser:
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--target_macs_reduction", type=float, help="e.g. 0.4 for 40%% fewer MACs")
     target.add_argument("--target_params_reduction", type=float, help="e.g. 0.4 for 40%% fewer params")
+    target.add_argument("--target_latency_reduction", type=float, help="e.g. 0.3 for 30%% lower measured latency")
+    target.add_argument("--target_latency_ms", type=float, help="measured latency to reach, in ms")
+    parser.add_argument("--runtime", choices=LATENCY_RUNTIMES, help="where latency is measured (default auto: "
+                        "onnxruntime with the onnx extra, else torch)")  # fmt: skip
+    parser.add_argument("--runtime_command", help="with --runtime command: a command given {onnx} (and {batch}, "
+                        "{shape}) that prints the latency in ms")  # fmt: skip
+    parser.add_argument("--latency_batch", type=int, help="images per call when measuring latency (default 1)")
     parser.add_argument("--method", choices=PLAN_METHODS, help="knapsack (from the sensitivity curves, default) or "
                         "measured (improved with joint evaluations, BatchNorm re-estimated)")  # fmt: skip
     parser.add_argument(
@@ -78,6 +93,11 @@ def plan_main(argv: Sequence[str]) -> int:
     flags = {
         "SensitivityAnalysis.target_macs_reduction": args.target_macs_reduction,
         "SensitivityAnalysis.target_params_reduction": args.target_params_reduction,
+        "SensitivityAnalysis.target_latency_reduction": args.target_latency_reduction,
+        "SensitivityAnalysis.target_latency_ms": args.target_latency_ms,
+        "SensitivityAnalysis.latency_runtime": args.runtime,
+        "SensitivityAnalysis.runtime_command": args.runtime_command,
+        "SensitivityAnalysis.latency_batch": args.latency_batch,
         "SensitivityAnalysis.verify": True if args.verify else None,
         "SensitivityAnalysis.export_dir": args.export_dir,
         "SensitivityAnalysis.plan_method": args.method,
@@ -87,8 +107,9 @@ def plan_main(argv: Sequence[str]) -> int:
         check_output_folder(args.export_dir, "--export_dir")
     config = load_config(args.config_path, args.overrides, flags)
     if budget(config) is None:
-        raise ConfigError("run.py plan needs --target_macs_reduction or --target_params_reduction (or "
-                          "SensitivityAnalysis.target_macs_reduction in the config).")  # fmt: skip
+        raise ConfigError("run.py plan needs a budget: --target_macs_reduction, --target_params_reduction, "
+                          "--target_latency_reduction or --target_latency_ms (or the same key in the config's "
+                          "SensitivityAnalysis).")  # fmt: skip
     check_config_outputs(config)
     progress = False if args.quiet else None
     inputs = build_inputs(config, progress, calibration=needs_calibration(config))
@@ -112,7 +133,8 @@ def verify_main(argv: Sequence[str]) -> int:
         config = load_config(args.config_path, args.overrides, flags)
     else:
         stored = record.config or ConfigRecord()
-        raw = stored.cli_config(target_macs_reduction=None, target_params_reduction=None)
+        raw = stored.cli_config(target_macs_reduction=None, target_params_reduction=None,
+                                target_latency_reduction=None, target_latency_ms=None)  # fmt: skip
         if raw is None:
             raise ConfigError(f"{args.analysis_file} does not record the config that wrote it (Python API run); "
                               "pass --config_path.")  # fmt: skip

@@ -590,6 +590,8 @@ class PlanRecord(_Record):
     ratios_file: str | None = None
     verification: VerificationRecord | None = None
     exported: dict[str, str] | None = None
+    # a latency budget's runtime, predicted and measured latency per attempt (JSON object); absent else
+    latency: dict[str, Any] | None = None
 
 
 @dataclass(kw_only=True)

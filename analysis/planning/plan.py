@@ -31,6 +31,7 @@ from analysis.io.sidecar import CostRecord, PlanGroupRecord, PlanRecord
 from analysis.metrics import METRICS
 from analysis.planning._curves import interpolate, monotone_curve
 from analysis.planning.allocate import Allocation, BudgetUnreachable, Choice, GroupOptions, allocate
+from analysis.planning.latency import LatencyModel, LatencyOutcome
 from analysis.ratio import normalise_ratio, ratio_problem
 from analysis.structure.criteria import allowed_counts, channel_scores, lowest_channels, removal_count
 from analysis.structure.flops import Cost, CostModel, ShapeDelta, cost_summary
@@ -45,7 +46,7 @@ from analysis.structure.groups import (
 
 logger = logging.getLogger(__name__)
 
-MEASURES = ("macs", "params")
+MEASURES = ("macs", "params", "latency")
 
 
 @dataclass
@@ -106,6 +107,7 @@ class Plan:
     method: str = "knapsack"
     search: dict[str, Any] | None = None
     notice: str | None = None
+    latency: LatencyOutcome | None = None
 
     @property
     def ratios(self) -> dict[str, float]:
@@ -120,7 +122,10 @@ class Plan:
 
     @property
     def reduction(self) -> float:
-        """The reduction of :attr:`measure` the plan achieves (exact)."""
+        """The reduction of :attr:`measure` the plan achieves (exact for MACs and params; measured for latency)."""
+        if self.measure == "latency":
+            assert self.latency is not None, "a latency plan is measured"
+            return 1.0 - self.latency.measured_ms / self.latency.dense_ms
         return cost_summary(self.dense, self.pruned)[f"{self.measure}_reduction"]
 
     def removals(self) -> list[tuple[str, list[int]]]:
@@ -152,6 +157,7 @@ class Plan:
             settings=self.settings,
             groups=groups,
             search=self.search,
+            latency=None if self.latency is None else self.latency.as_dict(),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -235,6 +241,7 @@ def build_plan(
     analysis: AnalysisSource,
     target: float,
     measure: str = "macs",
+    latency: LatencyModel | None = None,
 ) -> Plan:
     """Allocate per-group ratios from the analysis so that ``measure`` drops by at least ``target``.
 
@@ -244,7 +251,8 @@ def build_plan(
         analysis: The analysis record, or the analysis pickle to read; its JSON sidecar supplies the criterion and
             the fingerprint.
         target: The reduction to reach, strictly between 0 and 1.
-        measure: ``macs`` or ``params``.
+        measure: ``macs``, ``params`` or ``latency``.
+        latency: With ``latency``: the latency model the savings are predicted with.
 
     Raises:
         AnalysisFileError: If the file has no sidecar, was computed on other weights, or element-wise.
@@ -254,7 +262,7 @@ def build_plan(
         raise UserError(f"target_{measure}_reduction must be between 0 and 1 (0.4 = 40% fewer), got {target}.")
     record = as_record(analysis)
     with eval_mode(model):
-        planner, options = open_planner(model, example_input, record, measure)
+        planner, options = open_planner(model, example_input, record, measure, latency)
         allocation = planner.allocate(options, target)
         plan = planner.plan(options, allocation.choices, target, allocation.predicted_loss, allocation.lower_bound)
     plan.notice = summed_prediction_notice(record, plan.predicted_loss)
@@ -262,7 +270,11 @@ def build_plan(
 
 
 def open_planner(
-    model: nn.Module, example_input: torch.Tensor, analysis: AnalysisSource, measure: str = "macs"
+    model: nn.Module,
+    example_input: torch.Tensor,
+    analysis: AnalysisSource,
+    measure: str = "macs",
+    latency: LatencyModel | None = None,
 ) -> tuple[Planner, list[GroupOptions]]:
     """The :class:`Planner` of ``model`` with the settings of the analysis (a record, or a file to read), and every
     analysed group's options (call in eval mode).
@@ -274,7 +286,7 @@ def open_planner(
         raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
     record = as_record(analysis)
     settings = _analysis_settings(model, record)
-    planner = Planner(model, example_input, settings, measure)
+    planner = Planner(model, example_input, settings, measure, latency)
     options = planner.options(record.sensitivities)
     if not options:
         raise AnalysisFileError(f"{record.path} has no measured filter-pruning losses to plan with.")
@@ -372,9 +384,17 @@ class Planner:
     """Options per group and exact joint savings for one model, analysis settings and measure."""
 
     def __init__(
-        self, model: nn.Module, example_input: torch.Tensor, settings: Mapping[str, Any], measure: str
+        self,
+        model: nn.Module,
+        example_input: torch.Tensor,
+        settings: Mapping[str, Any],
+        measure: str,
+        latency: LatencyModel | None = None,
     ) -> None:
-        self.model, self.measure, self.example_input = model, measure, example_input
+        if (measure == "latency") != (latency is not None):
+            raise ValueError("a latency model is given exactly with measure latency")
+        self.model, self.measure, self.example_input, self.latency = model, measure, example_input, latency
+        self._group_key: dict[str, str] = {}
         self.settings = dict(settings)
         self.graph: tp.DependencyGraph = build_dependency_graph(model, example_input)
         self.params = describe_units(model, self.graph, execution_order(model, example_input))
@@ -399,6 +419,8 @@ class Planner:
 
     def saved_alone(self, name: str, count: int) -> float:
         """What removing ``count`` of ``name``'s channels (with its group) saves on its own."""
+        if self.latency is not None:
+            return self.latency.saved(self._group_key[name], count)
         return self.saved(self.picks_cost([(name, count)]))
 
     def options(self, sensitivities: Mapping[str, Mapping[float, float]]) -> list[GroupOptions]:
@@ -411,6 +433,7 @@ class Planner:
                 continue
             members = [p for p in analysed if p is param or p.name in param.coupled_params]  # model order
             seen.update(p.name for p in members)
+            self._group_key.update({p.name: members[0].name for p in members})
             groups.append(members)
         return [self._group_options(members, sensitivities) for members in groups]
 
@@ -445,7 +468,10 @@ class Planner:
         return interpolate(points, count) if count <= points[-1][0] else float("nan")
 
     def joint_saved(self, selection: Mapping[str, Choice]) -> float:
-        """The exact saving when every selected group is pruned at once."""
+        """The saving when every selected group (by key) is pruned at once: exact for MACs and params, the latency
+        model's prediction for latency."""
+        if self.latency is not None:
+            return self.latency.dense_ms - self.latency.predicted_ms({key: c.count for key, c in selection.items()})
         return self.saved(self.picks_cost((c.param, c.count) for c in selection.values()))
 
     def saved(self, cost: Cost) -> float:
@@ -486,8 +512,25 @@ class Planner:
 
     @property
     def dense_measure(self) -> float:
-        """The dense model's MACs or params (whichever :attr:`measure` is)."""
+        """The dense model's MACs, params or latency (whichever :attr:`measure` is)."""
+        if self.latency is not None:
+            return self.latency.dense_ms
         return float(self.costs.dense.macs if self.measure == "macs" else self.costs.dense.params)
+
+    def use_latency(self, latency: LatencyModel) -> None:
+        """Plan on ``latency`` from now on (options made after this call predict latency savings)."""
+        self.measure, self.latency = "latency", latency
+
+    def probe_counts(self, sensitivities: Mapping[str, Mapping[float, float]]) -> dict[str, list[int]]:
+        """Per group (by key), the channel counts the analysis measured for any member: where the latency table
+        measures the whole model with that group pruned (the planning curves interpolate linearly between them)."""
+        counts: dict[str, set[int]] = {}
+        for group in self.options(sensitivities):
+            for name in group.members:
+                param = self.by_name[name]
+                found = {param_count(param, r, self.round_to) for r in sensitivities.get(name, {})}
+                counts.setdefault(group.key, set()).update(c for c in found if c > 0)
+        return {key: sorted(found) for key, found in counts.items()}
 
     def plan(
         self,

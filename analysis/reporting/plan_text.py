@@ -52,6 +52,15 @@ def format_plan(result: PlanResult) -> str:
     lines.append(f"MACs {format_count(dense.macs)} -> {format_count(pruned.macs)} "
                  f"(-{1 - pruned.macs / dense.macs:.1%}), params {format_count(dense.params)} -> "
                  f"{format_count(pruned.params)} (-{1 - pruned.params / dense.params:.1%})")  # fmt: skip
+    latency = plan.latency
+    if latency is not None:
+        last = latency.attempts[-1]
+        lines.append(
+            f"latency on {latency.device} (batch {latency.batch}): {latency.dense_ms:.3f} ms -> measured "
+            f"{latency.measured_ms:.3f} ms (-{1 - latency.measured_ms / latency.dense_ms:.1%}; predicted "
+            f"{last['predicted_ms']:.3f} ms, goal {latency.goal_ms:.3f} ms: {'met' if latency.met else 'MISSED'}; "
+            f"{len(latency.attempts)} plan(s) measured; table {latency.table_seconds:.1f} s, {latency.table_file})"
+        )
     if result.ratios_file is not None:
         lines.append(f"ratios as an ACT ChannelPrune block: {result.ratios_file}")
     verification = result.verification

@@ -38,6 +38,7 @@ from analysis.planning.result import PlanResult
 from analysis.planning.verify import CalibrationCheck, check_calibration, verify_plan
 from analysis.runtimes.onnx_export import check_onnx, export_onnx, missing_modules
 from analysis.structure.physical import jointly_pruned_copy
+from analysis.workflow.latency import latency_runtime, plan_for_latency
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,10 @@ def budget(config: Config) -> tuple[str, float] | None:
         return "macs", s.target_macs_reduction
     if s.target_params_reduction is not None:
         return "params", s.target_params_reduction
+    if s.target_latency_reduction is not None:
+        return "latency", s.target_latency_reduction
+    if s.target_latency_ms is not None:
+        return "latency_ms", s.target_latency_ms
     return None
 
 
@@ -100,7 +105,16 @@ def run_plan_step(
     target = budget(config)
     if ratios_file is None and target is not None:
         measure, value = target
-        if s.plan_method == "measured":
+        if measure in ("latency", "latency_ms"):
+            runtime = latency_runtime(config, example.device)
+            goal = {"goal_ms": value} if measure == "latency_ms" else {"reduction": value}
+            plan = plan_for_latency(model, example, record, runtime, batch=s.latency_batch, progress=progress, **goal)
+            assert plan.latency is not None
+            how = (f"the smallest summed predicted loss ({plan.predicted_loss:.4f}); latency measured on "
+                   f"{runtime.device}: {plan.latency.measured_ms:.3f} ms (dense {plan.latency.dense_ms:.3f} ms, "
+                   f"predicted {plan.latency.predicted_ms:.3f} ms)")  # fmt: skip
+            measure, value = "latency", 1.0 - plan.latency.goal_ms / plan.latency.dense_ms
+        elif s.plan_method == "measured":
             search = SearchSettings(evaluations=s.eval_budget, seed=config.Global.seed)
             plan = build_measured_plan(
                 model,

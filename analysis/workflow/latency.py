@@ -1,0 +1,103 @@
+"""A plan for a latency budget, measured end to end: the latency table is measured on the runtime (or read from its
+cache), the knapsack plans on it, the planned model is measured on the same runtime, and while it misses the
+budget the latency model is rescaled to that measurement and the plan made again (at most :data:`MAX_ATTEMPTS`)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from analysis.config import Config
+from analysis.errors import UserError
+from analysis.io.record import AnalysisRecord
+from analysis.planning.latency import LatencyModel, LatencyOutcome
+from analysis.planning.plan import Plan, open_planner, summed_prediction_notice
+from analysis.runtimes.onnx_export import missing_modules
+from analysis.runtimes.probes import measure_table
+from analysis.runtimes.runtime import Runtime, make_runtime
+from analysis.structure.groups import eval_mode
+from analysis.structure.physical import jointly_pruned_copy
+
+logger = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 4
+"""Plans measured end to end at most, for one latency budget."""
+
+
+def latency_runtime(config: Config, device: torch.device) -> Runtime:
+    """The runtime ``SensitivityAnalysis.latency_runtime`` names; ``auto`` is ONNX Runtime when the onnx extra is
+    installed (what most deployments run, and the format every other runtime takes), else torch eager."""
+    s = config.SensitivityAnalysis
+    name = s.latency_runtime
+    if name == "auto":
+        name = "onnxruntime" if not missing_modules() else "torch"
+    return make_runtime(name, device, s.runtime_command, s.runtime_pattern, key="SensitivityAnalysis.latency_runtime")
+
+
+def plan_for_latency(
+    model: nn.Module,
+    example_input: torch.Tensor,
+    record: AnalysisRecord,
+    runtime: Runtime,
+    *,
+    reduction: float | None = None,
+    goal_ms: float | None = None,
+    batch: int = 1,
+    progress: bool | None = None,
+) -> Plan:
+    """The knapsack plan whose measured latency on ``runtime`` is at most the goal (``goal_ms``, or the dense
+    latency times ``1 - reduction``).
+
+    Raises:
+        UserError: If the goal is not below the dense latency, or cannot be reached with the analysed ratios.
+    """
+    sample_shape = tuple(example_input.shape[1:])
+    with eval_mode(model):
+        planner, _ = open_planner(model, example_input, record, "macs")
+        counts = planner.probe_counts(record.sensitivities)
+        table, path, seconds = measure_table(planner, counts, runtime, batch, record.path, progress)
+        latency = LatencyModel(table)
+        goal = goal_ms if goal_ms is not None else latency.dense_ms * (1.0 - float(reduction or 0.0))
+        if not 0.0 < goal < latency.dense_ms:
+            raise UserError(
+                f"SensitivityAnalysis.target_latency_ms {goal:g} is not below the dense model's measured "
+                f"{latency.dense_ms:.3f} ms on {runtime.device} (batch {batch}); ask for less."
+            )
+        outcome = LatencyOutcome(runtime.name, runtime.device, batch, latency.dense_ms, goal, table_file=str(path),
+                                 table_seconds=round(seconds, 3))  # fmt: skip
+        target = 1.0 - goal / latency.dense_ms
+        tried: set[tuple[tuple[str, int], ...]] = set()
+        plan: Plan | None = None
+        for _attempt in range(MAX_ATTEMPTS):
+            planner.use_latency(latency)
+            options = planner.options(record.sensitivities)
+            allocation = planner.allocate(options, target)
+            plan = planner.plan(options, allocation.choices, target, allocation.predicted_loss, allocation.lower_bound)
+            picks = {group.key: choice.count for group in options for choice in [allocation.choices[group.key]]}
+            copy = jointly_pruned_copy(model, plan.removals(), example_input) if plan.groups else model
+            measured = runtime.measure(copy.eval(), sample_shape, batch).median_ms
+            outcome.attempts.append({"target_reduction": round(target, 6), "predicted_ms": latency.predicted_ms(picks),
+                                     "measured_ms": measured, "scale": latency.scale})  # fmt: skip
+            logger.info(
+                "Latency plan (attempt %d): predicted %.3f ms, measured %.3f ms on %s, goal %.3f ms.",
+                len(outcome.attempts), latency.predicted_ms(picks), measured, runtime.device, goal,
+            )  # fmt: skip
+            if measured <= goal:
+                break
+            chosen = tuple(sorted(picks.items()))
+            if chosen in tried:  # rescaling did not change the plan: ask the knapsack for the shortfall too
+                target = min(0.999, target + (measured - goal) / latency.dense_ms)
+            tried.add(chosen)
+            latency = latency.fitted(picks, measured)
+        assert plan is not None
+    if not outcome.met:
+        logger.warning(
+            "The latency plan measured %.3f ms after %d attempts, above the goal %.3f ms (measurement noise or a "
+            "runtime whose latency does not follow the pruned channels); the last plan is kept.",
+            outcome.measured_ms, len(outcome.attempts), goal,
+        )  # fmt: skip
+    plan.latency = outcome
+    plan.notice = summed_prediction_notice(record, plan.predicted_loss)
+    return plan
