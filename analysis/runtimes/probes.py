@@ -6,6 +6,7 @@ it finishes, so a killed build resumes without measuring again."""
 from __future__ import annotations
 
 import logging
+import platform
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,10 +25,12 @@ logger = logging.getLogger(__name__)
 
 
 def table_key(runtime: Runtime, model: nn.Module, sample_shape: Sequence[int], batch: int) -> dict[str, object]:
-    """What a table's numbers depend on."""
+    """What a table's numbers depend on (the machine too: a table measured elsewhere does not hold here)."""
     return {
         "runtime": runtime.name,
+        "version": runtime.version,
         "device": runtime.device,
+        "host": platform.node(),
         "input": list(sample_shape),
         "batch": batch,
         "model": model_fingerprint(model),

@@ -38,10 +38,12 @@ class Runtime(ABC):
     Attributes:
         name: The runtime's name (:data:`RUNTIMES`).
         device: Where it runs, for records and cache keys.
+        version: The runtime library's version (empty for a command, whose template is in :attr:`device`).
     """
 
     name: str
     device: str
+    version: str = ""
 
     @abstractmethod
     def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
@@ -55,7 +57,7 @@ class TorchRuntime(Runtime):
 
     def __init__(self, device: torch.device, plan: TimingPlan | None = None) -> None:
         self.torch_device, self.plan = device, plan or TimingPlan()
-        self.device = str(device)
+        self.device, self.version = str(device), torch.__version__
 
     def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
         inputs = _inputs(sample_shape, batch).to(self.torch_device)
@@ -83,7 +85,7 @@ class OnnxRuntime(Runtime):
 
         cuda = device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers()
         self.providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if cuda else ["CPUExecutionProvider"]
-        self.device = f"onnxruntime {'cuda' if cuda else 'cpu'}"
+        self.device, self.version = f"onnxruntime {'cuda' if cuda else 'cpu'}", str(ort.__version__)
         self.plan = plan or TimingPlan()
 
     def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:

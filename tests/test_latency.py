@@ -1,0 +1,201 @@
+"""Latency budgets: the latency table (cached, resumable), plans that meet the budget as measured, and bad settings."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from analysis import analysis_prune
+from analysis.io.latency_table import LatencyTable
+from analysis.io.record import load_record
+from analysis.io.results import load_sidecar
+from analysis.planning.latency import LatencyModel
+from analysis.planning.plan import open_planner
+from analysis.runtimes.probes import measure_table
+from analysis.runtimes.runtime import Runtime
+from analysis.runtimes.timing import Latency
+from analysis.structure.flops import count_cost
+from analysis.structure.groups import eval_mode
+from analysis.structure.physical import jointly_pruned_copy
+from analysis.workflow.latency import MAX_ATTEMPTS, plan_for_latency
+
+from helpers import CliResult, analysis_config, batches, pseudo_labelled, randomize, tiny_global, write_config
+from tiny_models import tiny_resnet
+
+
+class MacsRuntime(Runtime):
+    """A deterministic runtime: latency = a fixed overhead plus the model's MACs (in millions), optionally with an
+    extra cost per layer whose channel count is not a multiple of 4 (as real kernels prefer aligned widths)."""
+
+    name = "fake"
+    device = "fake device"
+
+    def __init__(
+        self, example: torch.Tensor, misaligned_ms: float = 0.0, fail_after: int | None = None, power: float = 1.0
+    ) -> None:
+        self.example, self.misaligned_ms, self.fail_after, self.power = example, misaligned_ms, fail_after, power
+        self.calls = 0
+
+    def latency_of(self, model: nn.Module) -> float:
+        macs = count_cost(model, self.example[:1]).macs
+        convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+        misaligned = sum(m.out_channels % 4 != 0 for m in convs)
+        return 0.5 + (macs / 1e4) ** self.power + self.misaligned_ms * misaligned
+
+    def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise KeyboardInterrupt  # the run is killed in the middle of the table
+        return Latency(self.name, self.device, batch, self.latency_of(model), 0.0, 1)
+
+
+def analysed(model: nn.Module, path: Path) -> Path:
+    data = pseudo_labelled(model, batches(count=2))
+    analysis_prune(model, data, path, pruned_ratios=(0.25, 0.5, 0.75), progress=False)
+    return path
+
+
+@pytest.fixture
+def setting(tmp_path: Path) -> tuple[nn.Module, torch.Tensor, Path]:
+    model = randomize(tiny_resnet()).eval()
+    return model, batches(count=1)[0][0], analysed(model, tmp_path / "s.pkl")
+
+
+@pytest.mark.parametrize("misaligned_ms", [0.0, 0.05])
+@pytest.mark.parametrize("target", [0.2, 0.5])
+def test_a_latency_plan_meets_its_budget_as_measured(setting: Any, target: float, misaligned_ms: float) -> None:
+    model, example, path = setting
+    runtime = MacsRuntime(example, misaligned_ms)
+    plan = plan_for_latency(model, example, load_record(path), runtime, reduction=target)
+    assert plan.latency is not None and plan.measure == "latency"
+    pruned = jointly_pruned_copy(model, plan.removals(), example)
+    measured = runtime.latency_of(pruned)
+    dense = runtime.latency_of(model)
+    assert plan.latency.dense_ms == dense and plan.latency.measured_ms == measured  # what was measured is the plan's
+    assert measured <= dense * (1 - target) and plan.latency.met
+    assert 1 <= len(plan.latency.attempts) <= MAX_ATTEMPTS
+    assert plan.reduction == pytest.approx(1 - measured / dense)
+    assert plan.as_dict()["latency"]["met"] is True
+
+
+def test_plans_the_table_over_promises_are_corrected_until_measured_in_budget(setting: Any) -> None:
+    """Latency concave in MACs: groups pruned together save less than their savings alone add up to, so a first plan
+    can miss; the model is rescaled to the measurement and the plan made again until it meets the budget."""
+    model, example, path = setting
+    corrected = 0
+    for target in (0.35, 0.4, 0.45, 0.5):
+        runtime = MacsRuntime(example, power=0.5)
+        plan = plan_for_latency(model, example, load_record(path), runtime, reduction=target)
+        assert plan.latency is not None and plan.latency.met
+        assert runtime.latency_of(jointly_pruned_copy(model, plan.removals(), example)) == plan.latency.measured_ms
+        attempts = plan.latency.attempts
+        if attempts[0]["measured_ms"] > plan.latency.goal_ms:  # the additive prediction over-promised
+            assert attempts[0]["predicted_ms"] <= plan.latency.goal_ms and len(attempts) > 1
+            assert attempts[-1]["scale"] < 1.0
+            corrected += 1
+    assert corrected >= 2
+
+
+def test_an_absolute_goal_is_met_and_an_impossible_one_refused(setting: Any) -> None:
+    model, example, path = setting
+    runtime = MacsRuntime(example)
+    dense = runtime.latency_of(model)
+    plan = plan_for_latency(model, example, load_record(path), runtime, goal_ms=0.8 * dense)
+    assert plan.latency is not None and plan.latency.measured_ms <= 0.8 * dense
+    with pytest.raises(Exception, match="not below the dense model"):
+        plan_for_latency(model, example, load_record(path), runtime, goal_ms=2 * dense)
+    with pytest.raises(Exception, match="cannot be reached"):
+        plan_for_latency(model, example, load_record(path), runtime, goal_ms=0.501)  # the overhead alone is 0.5 ms
+
+
+def test_the_latency_model_predicts_single_groups_exactly_and_is_rescaled_to_a_measurement() -> None:
+    table = LatencyTable({"runtime": "fake"}, 10.0, {"a": {2: 8.0, 4: 5.0}, "b": {3: 9.0}})
+    model = LatencyModel(table)
+    assert model.saved("a", 2) == 2.0 and model.saved("a", 4) == 5.0 and model.saved("a", 3) == 3.5
+    assert model.saved("a", 0) == 0.0 and model.saved("b", 6) == 1.0  # beyond the largest probe: its saving
+    assert model.predicted_ms({"a": 4, "b": 3}) == 4.0
+    fitted = model.fitted({"a": 4, "b": 3}, 6.0)  # measured 6 ms: savings were 6 predicted, 4 real
+    assert fitted.predicted_ms({"a": 4, "b": 3}) == pytest.approx(6.0)
+
+
+def test_the_table_resumes_after_a_kill_without_measuring_again(setting: Any) -> None:
+    model, example, path = setting
+    with eval_mode(model):
+        planner, _ = open_planner(model, example, load_record(path))
+        counts = planner.probe_counts(load_record(path).sensitivities)
+        probes = sum(len(c) for c in counts.values())
+        assert probes >= 4
+        killed = MacsRuntime(example, fail_after=3)
+        with pytest.raises(KeyboardInterrupt):
+            measure_table(planner, counts, killed, 1, path, progress=False)
+        again = MacsRuntime(example)
+        table, file, _ = measure_table(planner, counts, again, 1, path, progress=False)
+        assert again.calls == 1 + probes - 3  # the dense model and two probes were saved before the kill
+        fresh_file = path.with_name("other.pkl")
+        fresh, _, _ = measure_table(planner, counts, MacsRuntime(example), 1, fresh_file, progress=False)
+        assert table.probes == fresh.probes and table.dense_ms == fresh.dense_ms
+        cached = MacsRuntime(example)
+        measure_table(planner, counts, cached, 1, path, progress=False)
+        assert cached.calls == 0 and file.exists()
+
+
+LATENCY_SCRIPT = """import os, sys
+onnx = sys.argv[1]
+print(f"size-based latency: {os.path.getsize(onnx) / 1000:.3f} ms")
+"""
+
+
+def test_the_command_runtime_plans_a_latency_budget_from_the_command_line(
+    tmp_path: Path, list_data: Path, cli: Callable[..., CliResult]
+) -> None:
+    """A command whose 'latency' is the ONNX file's size in kB (deterministic, falls with pruning): the plan's
+    measured value meets the budget, and the sidecar and the output say so."""
+    script = tmp_path / "size.py"
+    script.write_text(LATENCY_SCRIPT)
+    config = analysis_config(tmp_path, list_data, "slow_cnn", {"pruned_ratios": [0.25, 0.5], "report": False},
+                             arch_kwargs={"delay": 0.0})  # fmt: skip
+    result = cli("plan", "--config_path", config, "--target_latency_reduction", "0.3", "--runtime", "command",
+                 "--runtime_command", f"{sys.executable} {script} {{onnx}}")  # fmt: skip
+    assert result.code == 0, result.err
+    latency = load_sidecar(tmp_path / "out" / "s.pkl")["plan"]["latency"]
+    assert latency["met"] and latency["attempts"][-1]["measured_ms"] <= 0.7 * latency["dense_ms"]
+    assert "latency on command:" in result.out and ": met;" in result.out
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"target_latency_ms": -1.0}, "target_latency_ms must be a positive time"),
+        ({"target_latency_reduction": 0.3, "target_macs_reduction": 0.3}, "keep one budget"),
+        ({"target_latency_reduction": 0.3, "latency_runtime": "tensorrt"}, "latency_runtime"),
+        ({"target_latency_reduction": 0.3, "latency_runtime": "command"}, "needs SensitivityAnalysis.runtime_command"),
+        ({"target_latency_reduction": 0.3, "plan_method": "measured"}, "plan_method: knapsack"),
+        ({"target_latency_reduction": 0.3, "latency_batch": 0}, "latency_batch must be a positive"),
+    ],
+)
+def test_bad_latency_settings_exit_2_with_one_sentence(
+    tmp_path: Path, list_data: Path, cli: Callable[..., CliResult], settings: dict[str, Any], message: str
+) -> None:
+    config = write_config(tmp_path / "c.yaml", {
+        "Global": tiny_global(list_data, arch="tests/tiny_models.py:tiny_cnn"),
+        "SensitivityAnalysis": {"analysis_file": str(tmp_path / "s.pkl"), "pruned_ratios": [0.5], **settings},
+    })  # fmt: skip
+    result = cli("plan", "--config_path", config)
+    assert result.code == 2 and message in result.err and "Traceback" not in result.err
+
+
+def test_a_command_printing_no_number_stops_the_plan_with_exit_2(
+    tmp_path: Path, list_data: Path, cli: Callable[..., CliResult]
+) -> None:
+    config = analysis_config(tmp_path, list_data, "slow_cnn", {"pruned_ratios": [0.5]}, arch_kwargs={"delay": 0.0})
+    script = tmp_path / "say.py"
+    script.write_text("print('fast')\n")
+    result = cli("plan", "--config_path", config, "--target_latency_reduction", "0.3", "--runtime", "command",
+                 "--runtime_command", f"{sys.executable} {script} {{onnx}}")  # fmt: skip
+    assert result.code == 2 and "printed no latency" in result.err and "Traceback" not in result.err
