@@ -35,12 +35,20 @@ def latency_script(tmp_path: Path, body: str) -> str:
 
 def test_time_calls_warms_up_then_times_until_the_budget_or_the_cap() -> None:
     calls: list[int] = []
-    median, spread, repeats = time_calls(lambda: calls.append(1), TimingPlan(warmup=3, repeats=7, min_repeats=2))
+    plan = TimingPlan(warmup=3, repeats=7, min_repeats=2, block_seconds=0.0)
+    median, spread, repeats = time_calls(lambda: calls.append(1), plan)
     assert len(calls) == 3 + 7 and repeats == 7 and median >= 0 and spread >= 0
     calls.clear()
-    _, _, repeats = time_calls(lambda: calls.append(1), TimingPlan(warmup=0, repeats=50, min_repeats=4,
-                                                                   budget_seconds=0.0))  # fmt: skip
-    assert repeats == len(calls) == 4  # no budget left: the minimum only
+    plan = TimingPlan(warmup=1, repeats=50, min_repeats=4, budget_seconds=0.0, block_seconds=0.0)
+    _, _, repeats = time_calls(lambda: calls.append(1), plan)
+    assert repeats == 4 and len(calls) == 1 + 4  # no budget left: the minimum only
+
+
+def test_fast_calls_are_timed_in_blocks() -> None:
+    calls: list[int] = []
+    _, _, repeats = time_calls(lambda: calls.append(1), TimingPlan(warmup=1, repeats=3, min_repeats=3,
+                                                                   block_seconds=0.001))  # fmt: skip
+    assert repeats == 3 and len(calls) > 1 + 3 * 10  # an append takes far less than a tenth of a millisecond
 
 
 def test_the_torch_runtime_times_the_model_at_the_batch_size() -> None:

@@ -93,7 +93,7 @@ class OnnxRuntime(Runtime):
 
         with tempfile.TemporaryDirectory(prefix="latency-") as folder:
             path = Path(folder) / "model.onnx"
-            export_onnx(model, _inputs(sample_shape, 2), path)
+            export_onnx(model, _inputs(sample_shape, 2), path, fast=True)
             session = ort.InferenceSession(str(path), providers=self.providers)
         feed = {INPUT_NAME: _inputs(sample_shape, batch).numpy()}
         median, spread, repeats = time_calls(lambda: session.run([OUTPUT_NAME], feed), self.plan)
@@ -140,7 +140,7 @@ class CommandRuntime(Runtime):
     def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
         with tempfile.TemporaryDirectory(prefix="latency-") as folder:
             path = Path(folder) / "model.onnx"
-            export_onnx(model, _inputs(sample_shape, 2), path)
+            export_onnx(model, _inputs(sample_shape, 2), path, fast=True)
             shape = "x".join(str(n) for n in (batch, *sample_shape))
             command = shlex.split(self.template.format(onnx=path, batch=batch, shape=shape))
             try:

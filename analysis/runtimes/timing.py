@@ -4,6 +4,7 @@ a shared machine produces)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -17,15 +18,18 @@ class TimingPlan:
 
     Attributes:
         warmup: Untimed calls first (allocations, kernel selection, caches).
-        repeats: Timed calls at most.
-        min_repeats: Timed calls at least, whatever the budget.
-        budget_seconds: Time the timed calls may take beyond ``min_repeats``.
+        repeats: Timed blocks at most.
+        min_repeats: Timed blocks at least, whatever the budget.
+        budget_seconds: Time the timed blocks may take beyond ``min_repeats``.
+        block_seconds: Calls are timed in blocks of about this long (a fast model's single call is too short for
+            the clock and the scheduler's noise); a block's mean is one timing.
     """
 
     warmup: int = 3
     repeats: int = 20
     min_repeats: int = 5
     budget_seconds: float = 2.0
+    block_seconds: float = 0.02
 
 
 @dataclass(frozen=True)
@@ -54,17 +58,23 @@ class Latency:
 
 
 def time_calls(call: Callable[[], None], plan: TimingPlan = TimingPlan()) -> tuple[float, float, int]:
-    """``(median ms, interquartile range ms, timed calls)`` of ``call`` (which must wait for its own result, e.g.
-    synchronise a GPU, so that the clock reads finished work)."""
-    for _ in range(plan.warmup):
+    """``(median ms, interquartile range ms, timed blocks)`` of ``call`` (which must wait for its own result, e.g.
+    synchronise a GPU, so that the clock reads finished work); each timing is the mean call of a block."""
+    single = 0.0
+    for _ in range(max(1, plan.warmup)):
+        start = time.perf_counter()
         call()
+        single = time.perf_counter() - start
+    per_block = max(1, min(1000, math.ceil(plan.block_seconds / max(single, 1e-7))))
     times: list[float] = []
     spent = 0.0
     while len(times) < plan.repeats and (len(times) < plan.min_repeats or spent < plan.budget_seconds):
         start = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - start) * 1000.0)
-        spent += times[-1] / 1000.0
+        for _ in range(per_block):
+            call()
+        elapsed = time.perf_counter() - start
+        times.append(elapsed / per_block * 1000.0)
+        spent += elapsed
     if len(times) >= 4:
         quartiles = statistics.quantiles(times, n=4)
         spread = quartiles[2] - quartiles[0]

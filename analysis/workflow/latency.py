@@ -73,7 +73,18 @@ def plan_for_latency(
         for _attempt in range(MAX_ATTEMPTS):
             planner.use_latency(latency)
             options = planner.options(record.sensitivities)
-            allocation = planner.allocate(options, target)
+            try:
+                allocation = planner.allocate(options, target)
+            except UserError:
+                if not outcome.attempts:
+                    raise  # the table alone says the analysed ratios cannot reach it
+                measured_so_far = ", ".join(f"{a['measured_ms']:.3f}" for a in outcome.attempts)
+                raise UserError(
+                    f"The latency goal {goal:.3f} ms (dense {latency.dense_ms:.3f} ms on {runtime.device}, batch "
+                    f"{batch}) was not reached: the plans measured {measured_so_far} ms, and pruning the analysed "
+                    "ratios saves less on this runtime than the table predicted; lower the target, analyse larger "
+                    "ratios, or measure at a larger SensitivityAnalysis.latency_batch."
+                ) from None
             plan = planner.plan(options, allocation.choices, target, allocation.predicted_loss, allocation.lower_bound)
             picks = {group.key: choice.count for group in options for choice in [allocation.choices[group.key]]}
             copy = jointly_pruned_copy(model, plan.removals(), example_input) if plan.groups else model
