@@ -355,7 +355,7 @@ def test_plan_cli_errors(cli: Callable[..., CliResult], monkeypatch: pytest.Monk
     monkeypatch.chdir(REPO)
     config_path = Path("configs/demo/digits_resnet.yaml")
     result = cli("plan", "--config_path", config_path, f"SensitivityAnalysis.analysis_file={tmp_path / 's.pkl'}")
-    assert result.code == 2 and "needs --target_macs_reduction" in result.err
+    assert result.code == 2 and "needs a budget: --target_macs_reduction" in result.err
     result = cli("plan", "--config_path", config_path, "--target_macs_reduction", "1.5")
     assert result.code == 2 and "target_macs_reduction must be between 0 and 1" in result.err
     result = cli("verify", tmp_path / "missing.pkl", "--ratios", "r.yaml")

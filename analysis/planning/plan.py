@@ -51,6 +51,9 @@ ALIGNED_CHANNELS = 8
 """Latency probes also try keeping a multiple of this many channels: on ONNX Runtime's CPU provider the demo ResNet
 ran 15-25% slower at batch 1 with 2 of 16 or 3 of 32 channels removed, and as fast or faster with 8 of 16 or 16 of
 32 removed (interleaved measurements), so a table of the analysed counts alone misses the counts that pay."""
+ALIGNED_PROBES = 8
+"""At most about this many aligned counts per group over all its channels (wide layers step by a multiple of
+:data:`ALIGNED_CHANNELS`): each probe is a whole-model measurement."""
 
 
 @dataclass
@@ -530,7 +533,8 @@ class Planner:
     def probe_counts(self, sensitivities: Mapping[str, Mapping[float, float]]) -> dict[str, list[int]]:
         """Per group (by key), where the latency table measures the whole model with that group pruned: the channel
         counts the analysis measured for any member, and the counts up to the largest of them that keep a multiple
-        of :data:`ALIGNED_CHANNELS` channels. A latency plan offers only these counts."""
+        of :data:`ALIGNED_CHANNELS` channels (of a coarser multiple of it for wide layers, :data:`ALIGNED_PROBES`).
+        A latency plan offers only these counts."""
         counts: dict[str, set[int]] = {}
         for group in self.options(sensitivities):
             found = counts.setdefault(group.key, set())
@@ -539,7 +543,8 @@ class Planner:
                 found.update(c for r in sensitivities.get(name, {}) if (c := param_count(param, r, self.round_to)))
             largest = max(found, default=0)
             allowed = {c.count for c in group.choices}
-            found.update(c for c in allowed if 0 < c <= largest and (group.channels - c) % ALIGNED_CHANNELS == 0)
+            step = ALIGNED_CHANNELS * max(1, math.ceil(group.channels / (ALIGNED_CHANNELS * ALIGNED_PROBES)))
+            found.update(c for c in allowed if 0 < c <= largest and (group.channels - c) % step == 0)
         return {key: sorted(found) for key, found in counts.items()}
 
     def plan(
