@@ -162,8 +162,10 @@ def test_the_command_runtime_plans_a_latency_budget_from_the_command_line(
     config = analysis_config(tmp_path, list_data, "slow_cnn", {"pruned_ratios": [0.25, 0.5], "report": False},
                              arch_kwargs={"delay": 0.0})  # fmt: skip
     result = cli("plan", "--config_path", config, "--target_latency_reduction", "0.3", "--runtime", "command",
-                 "--runtime_command", f"{sys.executable} {script} {{onnx}}")  # fmt: skip
+                 "--runtime_command", f"{sys.executable} {script} {{onnx}}", "--verify", "--export_dir",
+                 tmp_path / "export")  # fmt: skip
     assert result.code == 0, result.err
+    assert "verified (all groups pruned at once" in result.out and (tmp_path / "export" / "pruned_model.onnx").exists()
     latency = load_sidecar(tmp_path / "out" / "s.pkl")["plan"]["latency"]
     assert latency["met"] and latency["attempts"][-1]["measured_ms"] <= 0.7 * latency["dense_ms"]
     assert "latency on command:" in result.out and ": met;" in result.out
