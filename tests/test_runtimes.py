@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from analysis.errors import ConfigError, UserError
+from analysis.runtimes import timing
 from analysis.runtimes.onnx_export import TOLERANCE, check_onnx, export_onnx, failed_operator
 from analysis.runtimes.runtime import CommandRuntime, OnnxRuntime, TorchRuntime, make_runtime
 from analysis.runtimes.timing import TimingPlan, time_calls
@@ -35,11 +36,11 @@ def latency_script(tmp_path: Path, body: str) -> str:
 
 def test_time_calls_warms_up_then_times_until_the_budget_or_the_cap() -> None:
     calls: list[int] = []
-    plan = TimingPlan(warmup=3, repeats=7, min_repeats=2, block_seconds=0.0)
+    plan = TimingPlan(warmup=3, repeats=7, min_repeats=2, block_seconds=0.0, steady=-1.0)
     median, spread, repeats = time_calls(lambda: calls.append(1), plan)
     assert len(calls) == 3 + 7 and repeats == 7 and median >= 0 and spread >= 0
     calls.clear()
-    plan = TimingPlan(warmup=1, repeats=50, min_repeats=4, budget_seconds=0.0, block_seconds=0.0)
+    plan = TimingPlan(warmup=1, repeats=50, min_repeats=4, budget_seconds=0.0, block_seconds=0.0, steady=-1.0)
     _, _, repeats = time_calls(lambda: calls.append(1), plan)
     assert repeats == 4 and len(calls) == 1 + 4  # no budget left: the minimum only
 
@@ -47,8 +48,36 @@ def test_time_calls_warms_up_then_times_until_the_budget_or_the_cap() -> None:
 def test_fast_calls_are_timed_in_blocks() -> None:
     calls: list[int] = []
     _, _, repeats = time_calls(lambda: calls.append(1), TimingPlan(warmup=1, repeats=3, min_repeats=3,
-                                                                   block_seconds=0.001))  # fmt: skip
+                                                                   block_seconds=0.001, steady=-1.0))  # fmt: skip
     assert repeats == 3 and len(calls) > 1 + 3 * 10  # an append takes far less than a tenth of a millisecond
+
+
+class FakeClock:
+    """``time.perf_counter`` for a call taking ``durations[i]`` seconds on its i-th call (cycling)."""
+
+    def __init__(self, durations: list[float]) -> None:
+        self.now, self.durations, self.calls = 0.0, durations, 0
+
+    def call(self) -> None:
+        self.now += self.durations[self.calls % len(self.durations)]
+        self.calls += 1
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("durations", "blocks", "median_ms"), [([0.01], 4, 10.0), ([0.01, 0.02, 0.01, 0.03, 0.015], 12, 15.0)]
+)
+def test_timing_stops_once_steady_and_goes_on_while_noisy(
+    monkeypatch: pytest.MonkeyPatch, durations: list[float], blocks: int, median_ms: float
+) -> None:
+    clock = FakeClock(durations)
+    monkeypatch.setattr(timing.time, "perf_counter", clock.perf_counter)
+    plan = TimingPlan(warmup=1, repeats=12, min_repeats=3, budget_seconds=100.0, block_seconds=0.0)
+    median, _, repeats = time_calls(clock.call, plan)
+    assert repeats == blocks  # steady: 4 blocks (the quartiles need 4); noisy: every block up to the cap
+    assert median == pytest.approx(median_ms)
 
 
 def test_the_torch_runtime_times_the_model_at_the_batch_size() -> None:

@@ -23,6 +23,8 @@ class TimingPlan:
         budget_seconds: Time the timed blocks may take beyond ``min_repeats``.
         block_seconds: Calls are timed in blocks of about this long (a fast model's single call is too short for
             the clock and the scheduler's noise); a block's mean is one timing.
+        steady: Stop after ``min_repeats`` blocks once their interquartile range is at most this fraction of their
+            median (the latency is known well enough; a noisy machine keeps measuring up to the budget).
     """
 
     warmup: int = 3
@@ -30,6 +32,7 @@ class TimingPlan:
     min_repeats: int = 5
     budget_seconds: float = 2.0
     block_seconds: float = 0.02
+    steady: float = 0.02
 
 
 @dataclass(frozen=True)
@@ -75,9 +78,14 @@ def time_calls(call: Callable[[], None], plan: TimingPlan = TimingPlan()) -> tup
         elapsed = time.perf_counter() - start
         times.append(elapsed / per_block * 1000.0)
         spent += elapsed
+        if len(times) >= max(plan.min_repeats, 4) and _spread(times) <= plan.steady * statistics.median(times):
+            break
+    return round(statistics.median(times), 4), round(_spread(times), 4), len(times)
+
+
+def _spread(times: list[float]) -> float:
+    """The interquartile range (the range, for fewer than 4 timings)."""
     if len(times) >= 4:
         quartiles = statistics.quantiles(times, n=4)
-        spread = quartiles[2] - quartiles[0]
-    else:
-        spread = max(times) - min(times)
-    return round(statistics.median(times), 4), round(spread, 4), len(times)
+        return quartiles[2] - quartiles[0]
+    return max(times) - min(times)
