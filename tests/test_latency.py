@@ -17,7 +17,7 @@ from analysis.io.latency_table import LatencyTable
 from analysis.io.record import load_record
 from analysis.io.results import load_sidecar
 from analysis.planning.latency import LatencyModel
-from analysis.planning.plan import open_planner
+from analysis.planning.plan import open_planner, param_count
 from analysis.runtimes.probes import measure_table
 from analysis.runtimes.runtime import Runtime
 from analysis.runtimes.timing import Latency
@@ -128,8 +128,8 @@ def test_the_latency_model_predicts_single_groups_exactly_and_is_rescaled_to_a_m
 def test_the_table_resumes_after_a_kill_without_measuring_again(setting: Any) -> None:
     model, example, path = setting
     with eval_mode(model):
-        planner, _ = open_planner(model, example, load_record(path))
-        counts = planner.probe_counts(load_record(path).sensitivities)
+        planner, options = open_planner(model, example, load_record(path))
+        counts = planner.probe_counts(options, load_record(path).sensitivities)
         probes = sum(len(c) for c in counts.values())
         assert probes >= 4
         killed = MacsRuntime(example, fail_after=3)
@@ -144,6 +144,31 @@ def test_the_table_resumes_after_a_kill_without_measuring_again(setting: Any) ->
         cached = MacsRuntime(example)
         measure_table(planner, counts, cached, 1, path, progress=False)
         assert cached.calls == 0 and file.exists()
+
+
+def test_probes_cover_the_analysed_counts_and_aligned_ones_and_plans_offer_only_probed_counts(tmp_path: Path) -> None:
+    """Ratios 0.1/0.3/0.6 remove 2, 5 and 10 of 16 channels: the probes add 8 (8 kept), which no ratio gives."""
+    model = randomize(tiny_resnet()).eval()
+    example = batches(count=1)[0][0]
+    path = tmp_path / "s.pkl"
+    analysis_prune(model, pseudo_labelled(model, batches(count=2)), path, pruned_ratios=(0.1, 0.3, 0.6), progress=False)
+    record = load_record(path)
+    with eval_mode(model):
+        planner, options = open_planner(model, example, record)
+        counts = planner.probe_counts(options, record.sensitivities)
+        added = []
+        for group in options:
+            analysed = {param_count(planner.by_name[m], r) for m in group.members for r in record.sensitivities[m]}
+            largest = max(analysed)
+            aligned = {c.count for c in group.choices if 0 < c.count <= largest and (group.channels - c.count) % 8 == 0}
+            assert set(counts[group.key]) == (analysed - {0}) | aligned
+            added += aligned - analysed
+        assert added  # some aligned count is probed that no analysed ratio gives
+        table, _, _ = measure_table(planner, counts, MacsRuntime(example), 1, path, progress=False)
+        planner.use_latency(LatencyModel(table))
+        for group in planner.options(record.sensitivities):
+            offered = [c.count for c in group.choices if c.count]
+            assert offered and set(offered) <= set(counts[group.key])  # latency is measured, never interpolated
 
 
 LATENCY_SCRIPT = """import os, sys

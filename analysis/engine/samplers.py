@@ -25,6 +25,7 @@ import torch
 
 from analysis.engine._adaptive import Z_95, PairedEstimate, per_sample
 from analysis.engine._decision import Candidate, DecisionRule, ParamDecision
+from analysis.engine.batchnorm import count_images
 from analysis.engine.executors import Executor, Job, Variant, VariantExecutor
 from analysis.engine.fidelity import DenseOutputs, IndexedBatch, image_count, indexed_batches, per_image_fidelity
 from analysis.engine.loss import divides_by_baseline
@@ -132,20 +133,31 @@ def _accumulate(
     """Run the ``wanted`` variants of ``chunk`` on ``batches``, adding each batch to their sums (and estimates); stop
     early when ``after_batch`` says so."""
     with progress_bar(progress, total=bar_total, desc=f"{len(chunk)} unit(s)", unit="img", leave=False) as bar:
-        for images, labels, index in batches:
-
-            def add(variant: Variant, logits: torch.Tensor, labels: torch.Tensor = labels,
-                    index: torch.Tensor = index) -> None:  # fmt: skip
-                variant.sums.add(logits, labels, index)
-                if variant.estimate is not None:
-                    assert paired is not None  # estimates are made by the sampled samplers only
-                    variant.estimate.add(paired.worse_by(logits, labels, index))
-
-            with torch.inference_mode():
-                executor.forward(chunk, images, wanted, add)
-            bar.update(int(labels.numel()))
+        for batch in batches:
+            _run_batch(chunk, executor, batch, wanted, paired)
+            bar.update(int(batch[1].numel()))
             if after_batch():
                 return
+
+
+def _run_batch(
+    chunk: Sequence[Job],
+    executor: VariantExecutor,
+    batch: IndexedBatch,
+    wanted: Callable[[Variant], bool],
+    paired: PairedBaseline | None,
+) -> None:
+    """Run the ``wanted`` variants of ``chunk`` on one batch and add it to their sums (and paired estimates)."""
+    _, labels, index = batch
+
+    def add(variant: Variant, logits: torch.Tensor) -> None:
+        variant.sums.add(logits, labels, index)
+        if variant.estimate is not None:
+            assert paired is not None  # estimates are made by the sampled samplers only
+            variant.estimate.add(paired.worse_by(logits, labels, index))
+
+    with torch.inference_mode():
+        executor.forward(chunk, batch[0], wanted, add)
 
 
 def _record_in_order(chunk: Sequence[Job], executor: VariantExecutor, recorder: Recorder, seconds: float) -> None:
@@ -292,23 +304,16 @@ class DecisionSampler(Sampler):
         position = start
         with progress_bar(passes.progress, total=self.paired.population - start, desc=f"{len(active)} unit(s)",
                           unit="img", leave=False) as bar:  # fmt: skip
-            for images, labels, index in ordered_batches(passes.batches, self.paired.order[start:]):
+            for batch in ordered_batches(passes.batches, self.paired.order[start:]):
                 running = {id(c) for job in active for c in ahead(job, position) if c.count == position}
                 if running:
 
                     def wanted(variant: Variant, running: set[int] = running) -> bool:
                         return id(variant.candidate) in running
 
-                    def add(variant: Variant, logits: torch.Tensor, labels: torch.Tensor = labels,
-                            index: torch.Tensor = index) -> None:  # fmt: skip
-                        assert variant.estimate is not None  # tracked
-                        variant.sums.add(logits, labels, index)
-                        variant.estimate.add(self.paired.worse_by(logits, labels, index))
-
-                    with torch.inference_mode():
-                        executor.forward(active, images, wanted, add)
-                position += int(labels.numel())
-                bar.update(int(labels.numel()))
+                    _run_batch(active, executor, batch, wanted, self.paired)
+                position += int(batch[1].numel())
+                bar.update(int(batch[1].numel()))
                 for job in active:
                     for variant in job.variants:
                         candidate = variant.candidate
@@ -357,9 +362,7 @@ def make_sampler(settings: EngineSettings, batches: Batches | None) -> Sampler:
     without them every variant is evaluated on every image), inside early-stop stages when an early stop is set."""
     sampler: Sampler = ExactSampler()
     if settings.sampled and batches is not None:
-        population = image_count(batches)
-        if population is None:
-            population = sum(len(images) for images, _ in batches)
+        population = count_images(batches)
         order = torch.randperm(population, generator=torch.Generator().manual_seed(settings.seed))
         paired = PairedBaseline(order, settings.metric)
         relative = divides_by_baseline(settings.metric, settings.metric_mode)

@@ -530,13 +530,15 @@ class Planner:
         """Plan on ``latency`` from now on (options made after this call predict latency savings)."""
         self.measure, self.latency = "latency", latency
 
-    def probe_counts(self, sensitivities: Mapping[str, Mapping[float, float]]) -> dict[str, list[int]]:
+    def probe_counts(
+        self, options: Sequence[GroupOptions], sensitivities: Mapping[str, Mapping[float, float]]
+    ) -> dict[str, list[int]]:
         """Per group (by key), where the latency table measures the whole model with that group pruned: the channel
         counts the analysis measured for any member, and the counts up to the largest of them that keep a multiple
         of :data:`ALIGNED_CHANNELS` channels (of a coarser multiple of it for wide layers, :data:`ALIGNED_PROBES`).
         A latency plan offers only these counts."""
         counts: dict[str, set[int]] = {}
-        for group in self.options(sensitivities):
+        for group in options:
             found = counts.setdefault(group.key, set())
             for name in group.members:
                 param = self.by_name[name]

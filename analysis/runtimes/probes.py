@@ -11,7 +11,6 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from analysis.io.fingerprint import model_fingerprint
@@ -78,8 +77,7 @@ def measure_table(
         for group, count in todo:
             member = planner.by_name[group]
             removal = [(member.module_name, planner.removed(group, count))]
-            with torch.inference_mode(False), torch.enable_grad():
-                copy = jointly_pruned_copy(model, removal, example)
+            copy = jointly_pruned_copy(model, removal, example)
             table.probes.setdefault(group, {})[count] = runtime.measure(copy.eval(), sample_shape, batch).median_ms
             save_table(path, table)  # a kill loses at most the probe in progress
             bar.update(1)

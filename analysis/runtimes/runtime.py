@@ -14,18 +14,20 @@ import string
 import subprocess
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from analysis.config import LATENCY_RUNTIMES
 from analysis.errors import ConfigError, UserError, did_you_mean
 from analysis.runtimes.onnx_export import INPUT_NAME, OUTPUT_NAME, export_onnx, require_extra
 from analysis.runtimes.timing import Latency, TimingPlan, time_calls
 
-RUNTIMES = ("torch", "onnxruntime", "command")
-"""The runtimes a latency can be measured on."""
+RUNTIMES = tuple(name for name in LATENCY_RUNTIMES if name != "auto")
+"""The runtimes a latency can be measured on (the config's choices but ``auto``, which picks one of them)."""
 
 NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 
@@ -91,9 +93,7 @@ class OnnxRuntime(Runtime):
     def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
         import onnxruntime as ort  # the optional extra
 
-        with tempfile.TemporaryDirectory(prefix="latency-") as folder:
-            path = Path(folder) / "model.onnx"
-            export_onnx(model, _inputs(sample_shape, 2), path, fast=True)
+        with _exported(model, sample_shape) as path:
             session = ort.InferenceSession(str(path), providers=self.providers)
         feed = {INPUT_NAME: _inputs(sample_shape, batch).numpy()}
         median, spread, repeats = time_calls(lambda: session.run([OUTPUT_NAME], feed), self.plan)
@@ -138,9 +138,7 @@ class CommandRuntime(Runtime):
                 raise ConfigError(f"runtime_pattern '{pattern}' must have one group, the latency in ms.")
 
     def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
-        with tempfile.TemporaryDirectory(prefix="latency-") as folder:
-            path = Path(folder) / "model.onnx"
-            export_onnx(model, _inputs(sample_shape, 2), path, fast=True)
+        with _exported(model, sample_shape) as path:
             shape = "x".join(str(n) for n in (batch, *sample_shape))
             command = shlex.split(self.template.format(onnx=path, batch=batch, shape=shape))
             try:
@@ -194,6 +192,15 @@ def make_runtime(
             raise ConfigError(f"{key}: command needs runtime_command, e.g. 'trtexec --onnx={{onnx}}'.")
         return CommandRuntime(command, pattern)
     raise ConfigError(f"{key} must be one of {', '.join(RUNTIMES)}, got '{name}'{did_you_mean(name, RUNTIMES)}.")
+
+
+@contextmanager
+def _exported(model: nn.Module, sample_shape: Sequence[int]) -> Iterator[Path]:
+    """``model`` exported to a temporary ONNX file (removed after the block), for the runtimes that read one."""
+    with tempfile.TemporaryDirectory(prefix="latency-") as folder:
+        path = Path(folder) / "model.onnx"
+        export_onnx(model, _inputs(sample_shape, 2), path, fast=True)
+        yield path
 
 
 def _inputs(sample_shape: Sequence[int], batch: int) -> torch.Tensor:

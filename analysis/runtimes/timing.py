@@ -21,8 +21,8 @@ class TimingPlan:
         repeats: Timed blocks at most.
         min_repeats: Timed blocks at least, whatever the budget.
         budget_seconds: Time the timed blocks may take beyond ``min_repeats``.
-        block_seconds: Calls are timed in blocks of about this long (a fast model's single call is too short for
-            the clock and the scheduler's noise); a block's mean is one timing.
+        block_seconds: Calls are timed in blocks of about this long, so a fast model's timing is not a single
+            sub-millisecond call; a block's mean is one timing.
         steady: Stop after ``min_repeats`` blocks once their interquartile range is at most this fraction of their
             median (the latency is known well enough; a noisy machine keeps measuring up to the budget).
     """

@@ -55,8 +55,8 @@ def plan_for_latency(
     """
     sample_shape = tuple(example_input.shape[1:])
     with eval_mode(model):
-        planner, _ = open_planner(model, example_input, record, "macs")
-        counts = planner.probe_counts(record.sensitivities)
+        planner, options = open_planner(model, example_input, record, "macs")
+        counts = planner.probe_counts(options, record.sensitivities)
         table, path, seconds = measure_table(planner, counts, runtime, batch, record.path, progress)
         latency = LatencyModel(table)
         goal = goal_ms if goal_ms is not None else latency.dense_ms * (1.0 - float(reduction or 0.0))
@@ -86,14 +86,15 @@ def plan_for_latency(
                     "ratios, or measure at a larger SensitivityAnalysis.latency_batch."
                 ) from None
             plan = planner.plan(options, allocation.choices, target, allocation.predicted_loss, allocation.lower_bound)
-            picks = {group.key: choice.count for group in options for choice in [allocation.choices[group.key]]}
+            picks = {key: choice.count for key, choice in allocation.choices.items()}
             copy = jointly_pruned_copy(model, plan.removals(), example_input) if plan.groups else model
             measured = runtime.measure(copy.eval(), sample_shape, batch).median_ms
-            outcome.attempts.append({"target_reduction": round(target, 6), "predicted_ms": latency.predicted_ms(picks),
+            predicted = latency.predicted_ms(picks)
+            outcome.attempts.append({"target_reduction": round(target, 6), "predicted_ms": predicted,
                                      "measured_ms": measured, "scale": latency.scale})  # fmt: skip
             logger.info(
                 "Latency plan (attempt %d): predicted %.3f ms, measured %.3f ms on %s, goal %.3f ms.",
-                len(outcome.attempts), latency.predicted_ms(picks), measured, runtime.device, goal,
+                len(outcome.attempts), predicted, measured, runtime.device, goal,
             )  # fmt: skip
             if measured <= goal:
                 break
