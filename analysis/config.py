@@ -332,7 +332,8 @@ def validate_section(
 
 
 def validate_budget(s: SensitivityConfig) -> None:
-    """At most one budget target, each a fraction in (0, 1); ``verify``/``export_dir`` need something to apply."""
+    """Budget targets, each a fraction in (0, 1) (any of MACs, params and latency at once, one latency form);
+    ``verify``/``export_dir`` need something to apply."""
     if s.export_dir is not None and not s.export_dir.strip():
         raise ConfigError("SensitivityAnalysis.export_dir is empty; name a folder (. for the current one).")
     targets = {
@@ -342,9 +343,10 @@ def validate_budget(s: SensitivityConfig) -> None:
     }
     given = {k: v for k, v in targets.items() if v is not None}
     absolute = s.target_latency_ms is not None
-    if len(given) + absolute > 1:
-        names = [*given, *(["target_latency_ms"] if absolute else [])]
-        raise ConfigError(f"SensitivityAnalysis.{' and '.join(names)} are all set; keep one budget.")
+    if absolute and s.target_latency_reduction is not None:
+        raise ConfigError(
+            "SensitivityAnalysis.target_latency_reduction and target_latency_ms are both set; keep one latency budget."
+        )
     validate_latency(s, bool(given) or absolute)
     if given and s.granularity == "element":
         raise ConfigError(

@@ -200,7 +200,7 @@ def test_the_command_runtime_plans_a_latency_budget_from_the_command_line(
     ("settings", "message"),
     [
         ({"target_latency_ms": -1.0}, "target_latency_ms must be a positive time"),
-        ({"target_latency_reduction": 0.3, "target_macs_reduction": 0.3}, "keep one budget"),
+        ({"target_latency_reduction": 0.3, "target_latency_ms": 5.0}, "keep one latency budget"),
         ({"target_latency_reduction": 0.3, "latency_runtime": "tensorrt"}, "latency_runtime"),
         ({"target_latency_reduction": 0.3, "latency_runtime": "command"}, "needs SensitivityAnalysis.runtime_command"),
         ({"target_latency_reduction": 0.3, "plan_method": "measured"}, "plan_method: knapsack"),

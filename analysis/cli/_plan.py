@@ -26,7 +26,7 @@ from analysis.io.record import AnalysisRecord, load_record
 from analysis.io.sidecar import ConfigRecord
 from analysis.reporting.plan_text import format_plan
 from analysis.workflow.job import run_job
-from analysis.workflow.plan import budget, run_plan_step
+from analysis.workflow.plan import budgets, run_plan_step
 from analysis.workflow.report import write_report_files
 
 logger = logging.getLogger(__name__)
@@ -42,9 +42,10 @@ def build_plan_parser() -> CommandParser:
         "verify the jointly pruned model and export it.",
     )
     parser.add_argument("--config_path", required=True, help="YAML config (Global + SensitivityAnalysis blocks)")
+    parser.add_argument("--target_macs_reduction", type=float, help="e.g. 0.4 for 40%% fewer MACs (budgets given "
+                        "together are all met; given here, they replace the config's)")  # fmt: skip
+    parser.add_argument("--target_params_reduction", type=float, help="e.g. 0.4 for 40%% fewer params")
     target = parser.add_mutually_exclusive_group()
-    target.add_argument("--target_macs_reduction", type=float, help="e.g. 0.4 for 40%% fewer MACs")
-    target.add_argument("--target_params_reduction", type=float, help="e.g. 0.4 for 40%% fewer params")
     target.add_argument("--target_latency_reduction", type=float, help="e.g. 0.3 for 30%% lower measured latency")
     target.add_argument("--target_latency_ms", type=float, help="measured latency to reach, in ms")
     parser.add_argument("--runtime", choices=LATENCY_RUNTIMES, help="where latency is measured (default auto: "
@@ -86,6 +87,9 @@ def _add_common(parser: CommandParser, verify_flag: bool = True) -> None:
     parser.add_overrides()
 
 
+BUDGET_KEYS = ("target_macs_reduction", "target_params_reduction", "target_latency_reduction", "target_latency_ms")
+
+
 def plan_main(argv: Sequence[str]) -> int:
     """``run.py plan``: budget plan from the config's analysis file (analysing first if it is missing)."""
     args = build_plan_parser().parse(argv)
@@ -106,7 +110,14 @@ def plan_main(argv: Sequence[str]) -> int:
     if args.export_dir is not None:
         check_output_folder(args.export_dir, "--export_dir")
     config = load_config(args.config_path, args.overrides, flags)
-    if budget(config) is None:
+    given = [key for key in BUDGET_KEYS if flags[f"SensitivityAnalysis.{key}"] is not None]
+    if given:  # budgets on the command line are the plan's: the config's others do not join them
+        for key in BUDGET_KEYS:
+            if key not in given and getattr(config.SensitivityAnalysis, key) is not None:
+                logger.info("SensitivityAnalysis.%s of the config is left out: the command line gives the budgets.",
+                            key)  # fmt: skip
+                setattr(config.SensitivityAnalysis, key, None)
+    if not budgets(config):
         raise ConfigError("run.py plan needs a budget: --target_macs_reduction, --target_params_reduction, "
                           "--target_latency_reduction or --target_latency_ms (or the same key in the config's "
                           "SensitivityAnalysis).")  # fmt: skip
@@ -133,8 +144,7 @@ def verify_main(argv: Sequence[str]) -> int:
         config = load_config(args.config_path, args.overrides, flags)
     else:
         stored = record.config or ConfigRecord()
-        raw = stored.cli_config(target_macs_reduction=None, target_params_reduction=None,
-                                target_latency_reduction=None, target_latency_ms=None)  # fmt: skip
+        raw = stored.cli_config(**dict.fromkeys(BUDGET_KEYS))
         if raw is None:
             raise ConfigError(f"{args.analysis_file} does not record the config that wrote it (Python API run); "
                               "pass --config_path.")  # fmt: skip

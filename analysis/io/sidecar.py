@@ -592,6 +592,8 @@ class PlanRecord(_Record):
     exported: dict[str, str] | None = None
     # a latency budget's runtime, predicted and measured latency per attempt (JSON object); absent else
     latency: dict[str, Any] | None = None
+    # combined budgets: every budget the plan meets, {measure: reduction}; absent for one budget
+    budgets: dict[str, float] | None = None
 
 
 @dataclass(kw_only=True)

@@ -194,3 +194,86 @@ def _improve(
             break
         current[best[1]] = best[2]
     return current if exact(current) >= target else chosen
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """One budget among several a plan must meet at once.
+
+    Attributes:
+        name: What it limits (``macs``, ``params``, ``latency``), for messages.
+        savings: Per group key, what each of its choices saves alone (in the order of :attr:`GroupOptions.choices`).
+        goal: The saving to reach.
+        joint_saved: The exact saving of a selection (as :func:`allocate`'s ``joint_saved``).
+    """
+
+    name: str
+    savings: Mapping[str, Sequence[float]]
+    goal: float
+    joint_saved: Callable[[Mapping[str, Choice]], float]
+
+    def met_fraction(self, chosen: Mapping[str, Choice]) -> float:
+        """How much of the goal ``chosen`` reaches (1 or more: met)."""
+        return self.joint_saved(chosen) / self.goal
+
+
+def allocate_all(
+    options: Sequence[GroupOptions], constraints: Sequence[Constraint], resolution: int | None = None
+) -> Allocation:
+    """One choice per group meeting every constraint with the smallest summed predicted loss found.
+
+    Several budgets make a multi-dimensional knapsack. Each is solved here as the one-dimensional knapsack of a
+    weighted sum of the budgets' savings, each divided by its goal, with the goal 1: every selection meeting all the
+    budgets reaches it, so each weighting's program bound (:func:`allocate`) bounds the optimum too. Its choices are
+    checked exactly against every budget (the least met fraction must reach 1; :func:`allocate` raises its goal
+    until it does). The weightings tried: each budget alone and all equally; the plan with the smallest summed loss
+    wins, and the largest of their bounds is the plan's lower bound.
+
+    Raises:
+        BudgetUnreachable: If the largest measured ratios cannot meet every budget at once; its message names the
+            budgets they miss.
+    """
+    if not constraints:
+        raise ValueError("at least one budget is needed")
+    if any(not c.goal > 0 for c in constraints):
+        raise ValueError("every budget's saving to reach must be positive")
+    by_count = {group.key: {(c.param, c.count): index for index, c in enumerate(group.choices)} for group in options}
+
+    def original(chosen: Mapping[str, Choice]) -> dict[str, Choice]:
+        return {key: group.choices[by_count[key][(c.param, c.count)]] for group in options
+                for key, c in [(group.key, chosen[group.key])]}  # fmt: skip
+
+    def least_met(chosen: Mapping[str, Choice]) -> float:
+        return min(constraint.met_fraction(chosen) for constraint in constraints)
+
+    count = len(constraints)
+    weightings = [tuple(float(i == j) for j in range(count)) for i in range(count)]
+    if count > 1:
+        weightings.append(tuple(1.0 / count for _ in range(count)))
+    best: Allocation | None = None
+    bound = -math.inf
+    for weights in weightings:
+        scalar = [
+            GroupOptions(group.members, group.channels, [
+                Choice(c.count, c.param, c.loss, sum(w * k.savings[group.key][i] / k.goal
+                                                     for w, k in zip(weights, constraints, strict=True)))
+                for i, c in enumerate(group.choices)
+            ])
+            for group in options
+        ]  # fmt: skip
+        try:
+            found = allocate(scalar, 1.0, least_met, resolution)
+        except BudgetUnreachable:
+            continue
+        if least_met(found.choices) < 1.0:  # the raised goals ran out before every budget was met
+            continue
+        bound = max(bound, found.lower_bound)
+        if best is None or found.predicted_loss < best.predicted_loss:
+            best = found
+    if best is None:
+        largest = {group.key: max(group.choices, key=lambda c: c.count) for group in options}
+        missed = [c.name for c in constraints if c.met_fraction(largest) < 1.0]
+        which = " and ".join(missed) if missed else "budgets together"
+        raise BudgetUnreachable(f"the largest measured ratios cannot meet the {which} budget")
+    chosen = original(best.choices)
+    return Allocation(chosen, best.predicted_loss, _additive(chosen), min(bound, best.predicted_loss))

@@ -145,7 +145,7 @@ class MeasuredSearch:
         planner: The :class:`~analysis.planning.plan.Planner` (graph, costs, channel rankings, knapsack).
         options: Every analysed group's options from the analysis file's losses.
         starts: Start plans by name (``knapsack`` first), each reaching the target.
-        target: The saving to reach, in units of ``planner.measure``.
+        target: The reduction of ``planner.measure`` to reach (other budgets: :attr:`Planner.also`).
         search: Evaluates plans in the search setting (calibration subset).
         full: Evaluates plans in the full setting (every calibration image).
         log: Where evaluations are stored and found again.
@@ -199,9 +199,10 @@ class MeasuredSearch:
             self.measured_plans.add(SearchLog.plan(picks))
         return Scored(name, dict(picks), score, self.ranked_by)
 
-    def saved(self, picks: Picks) -> float:
-        """The exact saving of ``picks`` (every group pruned at once)."""
-        return self.planner.saved(self.planner.picks_cost(picks.values()))
+    def meets(self, picks: Picks) -> bool:
+        """Whether ``picks`` (every group pruned at once) meets the budget, and every other the planner requires."""
+        return self.planner.meets({key: Choice(count, param, 0.0, 0.0) for key, (param, count) in picks.items()},
+                                  self.target)  # fmt: skip
 
     # ------------------------------------------------------------------------------------------------- search
 
@@ -294,14 +295,14 @@ class MeasuredSearch:
 
     def _lowest_meeting(self, picks: Picks, key: str) -> Picks | None:
         """Lower group ``key`` as far as the target allows (None if even its current count misses it)."""
-        if self.saved(picks) < self.target:
+        if not self.meets(picks):
             return None
         return self._smallest_meeting(picks, key, [c for c in self.counts[key] if c <= picks[key][1]])
 
     def _raise_until_met(self, picks: Picks, key: str) -> Picks | None:
         """Raise group ``key`` just enough to meet the target (None if it cannot)."""
         higher = [c for c in self.counts[key] if c >= picks[key][1]]
-        if self.saved(self._with(picks, key, higher[-1])) < self.target:
+        if not self.meets(self._with(picks, key, higher[-1])):
             return None
         return self._smallest_meeting(picks, key, higher)
 
@@ -311,7 +312,7 @@ class MeasuredSearch:
         low, high = 0, len(counts) - 1
         while low < high:
             middle = (low + high) // 2
-            if self.saved(self._with(picks, key, counts[middle])) >= self.target:
+            if self.meets(self._with(picks, key, counts[middle])):
                 high = middle
             else:
                 low = middle + 1
@@ -452,9 +453,11 @@ def build_measured_plan(
     measure: str = "macs",
     settings: SearchSettings | None = None,
     progress: bool | None = None,
+    also: Mapping[str, float] | None = None,
 ) -> Plan:
-    """A plan for ``target`` (a reduction of ``measure``) chosen by measuring whole plans (see the module docstring),
-    from ``analysis`` (its record, or the analysis file to read under the file's lock).
+    """A plan for ``target`` (a reduction of ``measure``, and of every measure in ``also`` by its reduction) chosen by
+    measuring whole plans (see the module docstring), from ``analysis`` (its record, or the analysis file to read
+    under the file's lock).
 
     Raises:
         AnalysisFileError: As :func:`~analysis.planning.plan.build_plan`.
@@ -470,9 +473,10 @@ def build_measured_plan(
     with eval_mode(model), exclusive(analysis_file):
         record = as_record(analysis)
         planner, options = open_planner(model, example_input, record, measure)
+        for other, reduction in (also or {}).items():
+            planner.require(other, reduction)
         sensitivities = record.sensitivities
         sidecar = record.sidecar or Sidecar()
-        goal = target * planner.dense_measure
         knapsack = planner.allocate(options, target)
         starts = {"knapsack": _picks(options, knapsack.choices)}
         views = start_views(planner, sensitivities, sidecar, lambda o: planner.allocate(o, target, START_RESOLUTION))
@@ -488,11 +492,14 @@ def build_measured_plan(
             "ranking": dict(planner.settings),
             "physical": physical,
             "measure": measure,
+            **({"also": dict(planner.also)} if planner.also else {}),
         }
         log = SearchLog(analysis_file, key)
         metric = sidecar.settings.metric_name
         ranked_by = METRICS[metric_named(metric).ranked_by] if metric in METRICS else METRICS["top1"]
-        result = MeasuredSearch(planner, options, starts, goal, search, full, log, settings, progress, ranked_by).run()
+        measured_search = MeasuredSearch(planner, options, starts, target, search, full, log, settings, progress,
+                                         ranked_by)  # fmt: skip
+        result = measured_search.run()
         log.copy_to_sidecar()
         baseline = sidecar.baseline or {}
         measured = result.best.score.metrics

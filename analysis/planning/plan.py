@@ -30,7 +30,15 @@ from analysis.io.results import sidecar_path
 from analysis.io.sidecar import CostRecord, PlanGroupRecord, PlanRecord
 from analysis.metrics import METRICS
 from analysis.planning._curves import interpolate, monotone_curve
-from analysis.planning.allocate import Allocation, BudgetUnreachable, Choice, GroupOptions, allocate
+from analysis.planning.allocate import (
+    Allocation,
+    BudgetUnreachable,
+    Choice,
+    Constraint,
+    GroupOptions,
+    allocate,
+    allocate_all,
+)
 from analysis.planning.latency import LatencyModel, LatencyOutcome
 from analysis.ratio import normalise_ratio, ratio_problem
 from analysis.structure.criteria import allowed_counts, channel_scores, lowest_channels, removal_count
@@ -115,6 +123,8 @@ class Plan:
     search: dict[str, Any] | None = None
     notice: str | None = None
     latency: LatencyOutcome | None = None
+    budgets: dict[str, float] = field(default_factory=dict)
+    """With combined budgets: every budget the plan meets, ``{measure: reduction}`` (its own first); else empty."""
 
     @property
     def ratios(self) -> dict[str, float]:
@@ -130,10 +140,14 @@ class Plan:
     @property
     def reduction(self) -> float:
         """The reduction of :attr:`measure` the plan achieves (exact for MACs and params; measured for latency)."""
-        if self.measure == "latency":
+        return self.reduction_of(self.measure)
+
+    def reduction_of(self, measure: str) -> float:
+        """The reduction of ``measure`` the plan achieves (latency: measured, when it was)."""
+        if measure == "latency":
             assert self.latency is not None, "a latency plan is measured"
             return 1.0 - self.latency.measured_ms / self.latency.dense_ms
-        return cost_summary(self.dense, self.pruned)[f"{self.measure}_reduction"]
+        return cost_summary(self.dense, self.pruned)[f"{measure}_reduction"]
 
     def removals(self) -> list[tuple[str, list[int]]]:
         """``(conv module name, channels)`` to remove, one per pruned group, for physical pruning."""
@@ -165,6 +179,7 @@ class Plan:
             groups=groups,
             search=self.search,
             latency=None if self.latency is None else self.latency.as_dict(),
+            budgets=dict(self.budgets) or None,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -249,8 +264,10 @@ def build_plan(
     target: float,
     measure: str = "macs",
     latency: LatencyModel | None = None,
+    also: Mapping[str, float] | None = None,
 ) -> Plan:
-    """Allocate per-group ratios from the analysis so that ``measure`` drops by at least ``target``.
+    """Allocate per-group ratios from the analysis so that ``measure`` drops by at least ``target`` (and every
+    measure in ``also`` by its reduction: combined budgets).
 
     Args:
         model: The analysed model (its weights must be the ones the file was computed on).
@@ -260,6 +277,7 @@ def build_plan(
         target: The reduction to reach, strictly between 0 and 1.
         measure: ``macs``, ``params`` or ``latency``.
         latency: With ``latency``: the latency model the savings are predicted with.
+        also: Other budgets met at once, ``{measure: reduction}`` (e.g. ``{"params": 0.3}`` with a MACs target).
 
     Raises:
         AnalysisFileError: If the file has no sidecar, was computed on other weights, or element-wise.
@@ -270,6 +288,8 @@ def build_plan(
     record = as_record(analysis)
     with eval_mode(model):
         planner, options = open_planner(model, example_input, record, measure, latency)
+        for other, reduction in (also or {}).items():
+            planner.require(other, reduction)
         allocation = planner.allocate(options, target)
         plan = planner.plan(options, allocation.choices, target, allocation.predicted_loss, allocation.lower_bound)
     plan.notice = summed_prediction_notice(record, plan.predicted_loss)
@@ -401,6 +421,8 @@ class Planner:
         if (measure == "latency") != (latency is not None):
             raise ValueError("a latency model is given exactly with measure latency")
         self.model, self.measure, self.example_input, self.latency = model, measure, example_input, latency
+        self.also: dict[str, float] = {}
+        """Budgets met besides :attr:`measure`'s: ``{measure: reduction}`` (:meth:`require`)."""
         self._group_key: dict[str, str] = {}
         self.settings = dict(settings)
         self.graph: tp.DependencyGraph = build_dependency_graph(model, example_input)
@@ -479,14 +501,45 @@ class Planner:
     def joint_saved(self, selection: Mapping[str, Choice]) -> float:
         """The saving when every selected group (by key) is pruned at once: exact for MACs and params, the latency
         model's prediction for latency."""
-        if self.latency is not None:
-            return self.latency.dense_ms - self.latency.predicted_ms({key: c.count for key, c in selection.items()})
-        return self.saved(self.picks_cost((c.param, c.count) for c in selection.values()))
+        return self.saved_in(self.measure, selection)
 
-    def saved(self, cost: Cost) -> float:
-        """What ``cost`` saves against the dense model, in :attr:`measure`."""
-        dense = self.costs.dense
-        return float(dense.macs - cost.macs if self.measure == "macs" else dense.params - cost.params)
+    def saved(self, cost: Cost, measure: str | None = None) -> float:
+        """What ``cost`` saves against the dense model, in ``measure`` (MACs or params; default :attr:`measure`)."""
+        dense, measure = self.costs.dense, measure or self.measure
+        return float(dense.macs - cost.macs if measure == "macs" else dense.params - cost.params)
+
+    def saved_in(self, measure: str, selection: Mapping[str, Choice]) -> float:
+        """The saving of ``selection`` (by group key) in ``measure``: exact for MACs and params, the latency model's
+        prediction for latency."""
+        if measure == "latency":
+            assert self.latency is not None, "a latency budget plans on a latency model"
+            return self.latency.dense_ms - self.latency.predicted_ms({key: c.count for key, c in selection.items()})
+        return self.saved(self.picks_cost((c.param, c.count) for c in selection.values()), measure)
+
+    def dense_in(self, measure: str) -> float:
+        """The dense model's MACs, params or latency."""
+        if measure == "latency":
+            assert self.latency is not None, "a latency budget plans on a latency model"
+            return self.latency.dense_ms
+        return float(self.costs.dense.macs if measure == "macs" else self.costs.dense.params)
+
+    def require(self, measure: str, target: float) -> None:
+        """Meet a reduction of ``measure`` by ``target`` too, whatever the plan's own budget (combined budgets)."""
+        if measure not in MEASURES:
+            raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
+        if measure != self.measure:
+            self.also[measure] = target
+
+    def budgets(self, target: float) -> dict[str, float]:
+        """Every budget a plan meets: ``{measure: reduction}``, the plan's own first."""
+        return {self.measure: target, **self.also}
+
+    def meets(self, selection: Mapping[str, Choice], target: float) -> bool:
+        """Whether ``selection`` reaches ``target`` in :attr:`measure` and every other required budget."""
+        return all(
+            self.saved_in(measure, selection) >= reduction * self.dense_in(measure)
+            for measure, reduction in self.budgets(target).items()
+        )
 
     def picks_cost(self, picks: Iterable[tuple[str, int]]) -> Cost:
         """The exact cost with every ``(ranking param, channel count)`` pick pruned at once (one pick per group;
@@ -510,8 +563,19 @@ class Planner:
         """
         dense = self.dense_measure
         try:
+            if self.also:
+                return allocate_all(options, self._constraints(options, target), resolution)
             return allocate(options, target * dense, self.joint_saved, resolution)
         except BudgetUnreachable as error:
+            if self.also:
+                largest = {g.key: max(g.choices, key=lambda c: c.count) for g in options}
+                reached = ", ".join(f"{self.saved_in(m, largest) / self.dense_in(m):.1%} of the {m}"
+                                    for m in self.budgets(target))  # fmt: skip
+                asked = " and ".join(f"target_{m}_reduction {r:g}" for m, r in self.budgets(target).items())
+                raise UserError(
+                    f"{asked} cannot all be reached: pruning every analysed unit as far as the analysed ratios go "
+                    f"removes {reached}; analyse larger SensitivityAnalysis.pruned_ratios or lower a target."
+                ) from error
             best = self.joint_saved({g.key: max(g.choices, key=lambda c: c.saved) for g in options}) / dense
             raise UserError(
                 f"target_{self.measure}_reduction {target:g} cannot be reached: pruning every analysed unit as far as "
@@ -519,16 +583,28 @@ class Planner:
                 "SensitivityAnalysis.pruned_ratios or lower the target."
             ) from error
 
+    def _constraints(self, options: Sequence[GroupOptions], target: float) -> list[Constraint]:
+        """Each budget as a :class:`~analysis.planning.allocate.Constraint`: per choice its saving alone, the goal,
+        and the exact joint saving."""
+        constraints = []
+        for measure, reduction in self.budgets(target).items():
+            savings = {
+                group.key: [self.saved_in(measure, {group.key: c}) if c.count else 0.0 for c in group.choices]
+                for group in options
+            }
+            joint = (lambda m: lambda selection: self.saved_in(m, selection))(measure)
+            constraints.append(Constraint(measure, savings, reduction * self.dense_in(measure), joint))
+        return constraints
+
     @property
     def dense_measure(self) -> float:
         """The dense model's MACs, params or latency (whichever :attr:`measure` is)."""
-        if self.latency is not None:
-            return self.latency.dense_ms
-        return float(self.costs.dense.macs if self.measure == "macs" else self.costs.dense.params)
+        return self.dense_in(self.measure)
 
     def use_latency(self, latency: LatencyModel) -> None:
         """Plan on ``latency`` from now on (options made after this call predict latency savings)."""
         self.measure, self.latency = "latency", latency
+        self.also.pop("latency", None)
 
     def probe_counts(
         self, options: Sequence[GroupOptions], sensitivities: Mapping[str, Mapping[float, float]]
@@ -569,4 +645,5 @@ class Planner:
                                            self.removed(choice.param, choice.count), choice.loss))  # fmt: skip
         pruned = self.picks_cost((g.ranking_param, len(g.removed)) for g in groups)
         return Plan(self.measure, target, groups, predicted_loss, lower_bound, self.costs.dense, pruned,
-                    dict(self.settings), method=method, search=search)  # fmt: skip
+                    dict(self.settings), method=method, search=search,
+                    budgets=self.budgets(target) if self.also else {})  # fmt: skip

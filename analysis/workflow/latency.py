@@ -5,6 +5,7 @@ budget the latency model is rescaled to that measurement and the plan made again
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -46,9 +47,11 @@ def plan_for_latency(
     goal_ms: float | None = None,
     batch: int = 1,
     progress: bool | None = None,
+    also: Mapping[str, float] | None = None,
 ) -> Plan:
     """The knapsack plan whose measured latency on ``runtime`` is at most the goal (``goal_ms``, or the dense
-    latency times ``1 - reduction``).
+    latency times ``1 - reduction``), and that meets every MACs or params budget in ``also`` (``{measure:
+    reduction}``) too.
 
     Raises:
         UserError: If the goal is not below the dense latency, or cannot be reached with the analysed ratios.
@@ -72,6 +75,8 @@ def plan_for_latency(
         plan: Plan | None = None
         for _attempt in range(MAX_ATTEMPTS):
             planner.use_latency(latency)
+            for other, value in (also or {}).items():
+                planner.require(other, value)
             options = planner.options(record.sensitivities)
             try:
                 allocation = planner.allocate(options, target)
@@ -111,5 +116,8 @@ def plan_for_latency(
             outcome.measured_ms, len(outcome.attempts), goal,
         )  # fmt: skip
     plan.latency = outcome
+    if also:  # the asked reduction, not the one the corrections planned for
+        asked = reduction if reduction is not None else 1.0 - goal / latency.dense_ms
+        plan.budgets = {"latency": asked, **also}
     plan.notice = summed_prediction_notice(record, plan.predicted_loss)
     return plan

@@ -52,24 +52,23 @@ def plan_path(analysis_file: str | Path) -> Path:
     return Path(f"{analysis_file}{PLAN_YAML_SUFFIX}")
 
 
-def budget(config: Config) -> tuple[str, float] | None:
-    """``(measure, target)`` of the config's budget, or None."""
+def budgets(config: Config) -> dict[str, float]:
+    """Every budget of the config, ``{measure: target}`` in the order macs, params, latency (a reduction) or
+    latency_ms (a goal in ms); empty for none. Several are met at once."""
     s = config.SensitivityAnalysis
-    if s.target_macs_reduction is not None:
-        return "macs", s.target_macs_reduction
-    if s.target_params_reduction is not None:
-        return "params", s.target_params_reduction
-    if s.target_latency_reduction is not None:
-        return "latency", s.target_latency_reduction
-    if s.target_latency_ms is not None:
-        return "latency_ms", s.target_latency_ms
-    return None
+    given = {
+        "macs": s.target_macs_reduction,
+        "params": s.target_params_reduction,
+        "latency": s.target_latency_reduction,
+        "latency_ms": s.target_latency_ms,
+    }
+    return {measure: value for measure, value in given.items() if value is not None}
 
 
 def wants_plan_step(config: Config) -> bool:
     """Whether the main job goes on to a plan (a budget, ``verify`` or ``export_dir`` is set)."""
     s = config.SensitivityAnalysis
-    return budget(config) is not None or s.verify or s.export_dir is not None
+    return bool(budgets(config)) or s.verify or s.export_dir is not None
 
 
 def run_plan_step(
@@ -102,39 +101,33 @@ def run_plan_step(
     inputs = inputs or build_inputs(config, progress, calibration=needs_calibration(config))
     analysis_file = Path(s.analysis_file)
     model, example = inputs.model, inputs.example_input
-    target = budget(config)
-    if ratios_file is None and target is not None:
-        measure, value = target
-        if measure in ("latency", "latency_ms"):
+    targets = budgets(config)
+    if ratios_file is None and targets:
+        also = {measure: value for measure, value in targets.items() if measure in ("macs", "params")}
+        if "latency" in targets or "latency_ms" in targets:
             runtime = latency_runtime(config, example.device)
-            goal = {"goal_ms": value} if measure == "latency_ms" else {"reduction": value}
-            plan = plan_for_latency(model, example, record, runtime, batch=s.latency_batch, progress=progress, **goal)
+            goal = {"goal_ms": targets["latency_ms"]} if "latency_ms" in targets else {"reduction": targets["latency"]}
+            plan = plan_for_latency(model, example, record, runtime, batch=s.latency_batch, progress=progress,
+                                    also=also, **goal)  # fmt: skip
             assert plan.latency is not None
             how = (f"the smallest summed predicted loss ({plan.predicted_loss:.4f}); latency measured on "
                    f"{runtime.device}: {plan.latency.measured_ms:.3f} ms (dense {plan.latency.dense_ms:.3f} ms, "
                    f"predicted {plan.latency.predicted_ms:.3f} ms)")  # fmt: skip
-            measure, value = "latency", 1.0 - plan.latency.goal_ms / plan.latency.dense_ms
-        elif s.plan_method == "measured":
-            search = SearchSettings(evaluations=s.eval_budget, seed=config.Global.seed)
-            plan = build_measured_plan(
-                model,
-                example,
-                record,
-                value,
-                _scoring(inputs, search, config.Global.seed),
-                measure,
-                search,
-                progress,
-            )
-            how = f"the best measured plan (loss {plan.predicted_loss:.4f} measured with all groups pruned at once)"
+            targets = {"latency": 1.0 - plan.latency.goal_ms / plan.latency.dense_ms, **also}
         else:
-            plan = build_plan(model, example, record, value, measure)
-            how = f"the smallest summed predicted loss ({plan.predicted_loss:.4f})"
+            measure, value = next(iter(also.items()))
+            also.pop(measure)
+            if s.plan_method == "measured":
+                search = SearchSettings(evaluations=s.eval_budget, seed=config.Global.seed)
+                scoring = _scoring(inputs, search, config.Global.seed)
+                plan = build_measured_plan(model, example, record, value, scoring, measure, search, progress, also)
+                how = f"the best measured plan (loss {plan.predicted_loss:.4f} measured with all groups pruned at once)"
+            else:
+                plan = build_plan(model, example, record, value, measure, also=also)
+                how = f"the smallest summed predicted loss ({plan.predicted_loss:.4f})"
         source = plan_path(analysis_file)
-        note = (
-            f"Budget plan: {measure} reduced by >= {value:g} (exactly {plan.reduction:.4f}) with {how}; coupled "
-            "params share their group's ratio."
-        )
+        reached = ", ".join(f"{m} reduced by >= {v:g} (exactly {plan.reduction_of(m):.4f})" for m, v in targets.items())
+        note = f"Budget plan: {reached} with {how}; coupled params share their group's ratio."
         save_ratios_yaml(source, plan.ratios, list(plan.ratios), plan.settings["criterion"], note=note)
         result = PlanResult(plan, source)
     else:
