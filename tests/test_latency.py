@@ -191,9 +191,16 @@ def test_the_command_runtime_plans_a_latency_budget_from_the_command_line(
                  tmp_path / "export")  # fmt: skip
     assert result.code == 0, result.err
     assert "verified (all groups pruned at once" in result.out and (tmp_path / "export" / "pruned_model.onnx").exists()
-    latency = load_sidecar(tmp_path / "out" / "s.pkl")["plan"]["latency"]
+    plan = load_sidecar(tmp_path / "out" / "s.pkl")["plan"]
+    latency = plan["latency"]
     assert latency["met"] and latency["attempts"][-1]["measured_ms"] <= 0.7 * latency["dense_ms"]
     assert "latency on command:" in result.out and ": met;" in result.out
+    timed = plan["verification"]["runtime_latency"]  # verify times the plan on its runtime, beside its prediction
+    last = latency["attempts"][-1]
+    assert (timed["runtime"], timed["batch"], timed["predicted_ms"]) == ("command", 1, last["predicted_ms"])
+    assert timed["dense_ms"] == pytest.approx(latency["dense_ms"], rel=1e-3)
+    assert timed["pruned_ms"] == pytest.approx(latency["attempts"][-1]["measured_ms"], rel=1e-3)
+    assert "latency batch 1 on command (" in result.out and "the plan predicted" in result.out
 
 
 @pytest.mark.parametrize(

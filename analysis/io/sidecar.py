@@ -525,6 +525,18 @@ class DensePrunedRecord(_Record):
 
 
 @dataclass(kw_only=True)
+class RuntimeLatencyRecord(_Record):
+    """The dense and the pruned model timed on a deployment runtime, with the latency plan's prediction there."""
+
+    runtime: str | None = None
+    device: str | None = None
+    batch: int | None = None
+    dense_ms: float | None = None
+    pruned_ms: float | None = None
+    predicted_ms: float | None = None
+
+
+@dataclass(kw_only=True)
 class ReestimatedRecord(_Record):
     """The verified model after BatchNorm re-estimation: its metrics and losses, on what it was re-estimated, and
     (written since the calibration check exists) whether the calibration check found these figures reliable."""
@@ -564,6 +576,8 @@ class VerificationRecord(_Record):
     latency_ms: dict[str, DensePrunedRecord] | None = None
     device: str | None = None
     calibration_check: CalibrationCheckRecord | None = None
+    # timed on the plan's latency runtime (a latency budget, or latency_runtime set); absent else
+    runtime_latency: RuntimeLatencyRecord | None = None
 
 
 @dataclass(kw_only=True)

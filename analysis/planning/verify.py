@@ -28,7 +28,13 @@ from torch import nn
 from analysis.engine.batchnorm import batchnorms_named, recalibrate_copy, reestimate
 from analysis.engine.loss import relative_loss
 from analysis.inputs.calibration import CalibrationSet
-from analysis.io.sidecar import CalibrationCheckRecord, DensePrunedRecord, ReestimatedRecord, VerificationRecord
+from analysis.io.sidecar import (
+    CalibrationCheckRecord,
+    DensePrunedRecord,
+    ReestimatedRecord,
+    RuntimeLatencyRecord,
+    VerificationRecord,
+)
 from analysis.metrics import LABEL_FREE_METRICS
 from analysis.planning.export import saved_bytes
 from analysis.planning.plan import Plan, known_loss
@@ -142,6 +148,38 @@ def check_calibration(
     return check
 
 
+@dataclass(frozen=True)
+class RuntimeLatency:
+    """The dense and the pruned model timed on a deployment runtime (``analysis.runtimes``), next to what the latency
+    plan predicted there (None: the plan was not made for this runtime and batch).
+
+    Attributes:
+        runtime: The runtime's name.
+        device: Where it ran.
+        batch: Images per call.
+        dense_ms: The dense model's median latency.
+        pruned_ms: The pruned model's median latency.
+        predicted_ms: The latency plan's prediction for the pruned model.
+    """
+
+    runtime: str
+    device: str
+    batch: int
+    dense_ms: float
+    pruned_ms: float
+    predicted_ms: float | None = None
+
+    @property
+    def speedup(self) -> float:
+        """How many times faster the pruned model ran."""
+        return self.dense_ms / self.pruned_ms
+
+    def record(self) -> RuntimeLatencyRecord:
+        """The sidecar's record (``plan.verification.runtime_latency``)."""
+        return RuntimeLatencyRecord(runtime=self.runtime, device=self.device, batch=self.batch, dense_ms=self.dense_ms,
+                                    pruned_ms=self.pruned_ms, predicted_ms=self.predicted_ms)  # fmt: skip
+
+
 @dataclass
 class Verification:
     """What the jointly pruned model measures, raw and with re-estimated BatchNorm statistics (when calibration
@@ -157,6 +195,7 @@ class Verification:
     device: str
     recalibrated: Recalibrated | None = None
     calibration_check: CalibrationCheck | None = None
+    runtime_latency: RuntimeLatency | None = None
 
     def losses(self, reestimated: bool = False) -> dict[str, float]:
         """Measured relative loss of top1 and top5 (and ce, where lower is better; agreement and kl for a label-free
@@ -201,6 +240,7 @@ class Verification:
             latency_ms={batch: _pair(times) for batch, times in self.latency_ms.items()},
             device=self.device,
             calibration_check=None if self.calibration_check is None else self.calibration_check.record(),
+            runtime_latency=None if self.runtime_latency is None else self.runtime_latency.record(),
         )
 
 

@@ -112,6 +112,11 @@ def format_plan(result: PlanResult) -> str:
         for batch, times in v.latency_ms.items():
             lines.append(f"latency {batch.replace('_', ' ')} on {v.device}: {times['dense']:.2f} ms -> "
                          f"{times['pruned']:.2f} ms ({times['dense'] / times['pruned']:.2f}x, median)")  # fmt: skip
+        timed = v.runtime_latency
+        if timed is not None:
+            predicted = "" if timed.predicted_ms is None else f"; the plan predicted {timed.predicted_ms:.3f} ms"
+            lines.append(f"latency batch {timed.batch} on {timed.runtime} ({timed.device}): {timed.dense_ms:.3f} ms -> "
+                         f"{timed.pruned_ms:.3f} ms ({timed.speedup:.2f}x){predicted}")  # fmt: skip
     if result.exported is not None:
         if result.verification is None and check is not None:
             lines.append(f"calibration check of the exported statistics: {check.describe()}")

@@ -438,6 +438,12 @@ def _plan_section(sidecar: Sidecar | None) -> str:
             rows.append((f"latency {_e(batch.replace('_', ' '))}",
                          _e(f"{fixed(dense, '.2f')} ms -> {fixed(fast, '.2f')} ms{speedup} "
                             f"(median, {verification.device})")))  # fmt: skip
+        timed = verification.runtime_latency
+        if timed is not None:
+            predicted = "" if timed.predicted_ms is None else f", predicted {fixed(timed.predicted_ms, '.3f')} ms"
+            rows.append((f"latency batch {timed.batch} on {_e(timed.runtime)}",
+                         _e(f"{fixed(timed.dense_ms, '.3f')} ms -> {fixed(timed.pruned_ms, '.3f')} ms{predicted} "
+                            f"({timed.device})")))  # fmt: skip
     else:
         after_cost = plan.pruned
         macs, params = (None, None) if after_cost is None else (after_cost.macs, after_cost.params)

@@ -15,6 +15,7 @@ from analysis.errors import UserError
 from analysis.io.record import AnalysisRecord
 from analysis.planning.latency import LatencyModel, LatencyOutcome
 from analysis.planning.plan import Plan, open_planner, summed_prediction_notice
+from analysis.planning.verify import RuntimeLatency
 from analysis.runtimes.onnx_export import missing_modules
 from analysis.runtimes.probes import measure_table
 from analysis.runtimes.runtime import Runtime, make_runtime
@@ -121,3 +122,32 @@ def plan_for_latency(
         plan.budgets = {"latency": asked, **also}
     plan.notice = summed_prediction_notice(record, plan.predicted_loss)
     return plan
+
+
+VERIFY_ROUNDS = 2
+"""Interleaved rounds (dense, pruned) when ``verify`` times a plan on its runtime; each keeps its lowest median."""
+
+
+def wants_runtime_latency(config: Config, plan: Plan) -> bool:
+    """Whether ``verify`` also times the plan on the latency runtime: for a latency plan, and whenever
+    ``SensitivityAnalysis.latency_runtime`` names one (torch eager is timed at batch 1 and 32 anyway)."""
+    return plan.latency is not None or config.SensitivityAnalysis.latency_runtime != "auto"
+
+
+def runtime_latency(
+    config: Config, plan: Plan, model: nn.Module, pruned: nn.Module, example_input: torch.Tensor
+) -> RuntimeLatency:
+    """The dense and the pruned model timed on the config's latency runtime at ``latency_batch`` (interleaved,
+    :data:`VERIFY_ROUNDS` rounds), with the plan's prediction when it was planned on that runtime and batch."""
+    runtime = latency_runtime(config, example_input.device)
+    batch = config.SensitivityAnalysis.latency_batch
+    shape = tuple(example_input.shape[1:])
+    times: dict[str, list[float]] = {"dense": [], "pruned": []}
+    for _ in range(VERIFY_ROUNDS):
+        for name, candidate in (("dense", model), ("pruned", pruned)):
+            times[name].append(runtime.measure(candidate.eval(), shape, batch).median_ms)
+    outcome = plan.latency
+    same = outcome is not None and (outcome.runtime, outcome.device, outcome.batch) == (runtime.name, runtime.device,
+                                                                                          batch)  # fmt: skip
+    predicted = outcome.predicted_ms if same and outcome is not None else None
+    return RuntimeLatency(runtime.name, runtime.device, batch, min(times["dense"]), min(times["pruned"]), predicted)

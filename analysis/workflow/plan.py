@@ -38,7 +38,7 @@ from analysis.planning.result import PlanResult
 from analysis.planning.verify import CalibrationCheck, check_calibration, verify_plan
 from analysis.runtimes.onnx_export import check_onnx, export_onnx, missing_modules
 from analysis.structure.physical import jointly_pruned_copy
-from analysis.workflow.latency import latency_runtime, plan_for_latency
+from analysis.workflow.latency import latency_runtime, plan_for_latency, runtime_latency, wants_runtime_latency
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,8 @@ def run_plan_step(
         pruned, result.verification = verify_plan(
             model, plan, evaluator, example, baseline, calibration=inputs.calibration, progress=progress
         )  # fmt: skip
+        if wants_runtime_latency(config, plan):
+            result.verification.runtime_latency = runtime_latency(config, plan, model, pruned, example)
         recalibrated = result.verification.recalibrated
         if recalibrated is not None:
             batchnorm = _batchnorm_note(recalibrated.layers, recalibrated.calibration, result.calibration_check)
