@@ -347,7 +347,7 @@ def validate_budget(s: SensitivityConfig) -> None:
         raise ConfigError(
             "SensitivityAnalysis.target_latency_reduction and target_latency_ms are both set; keep one latency budget."
         )
-    validate_latency(s, bool(given) or absolute)
+    validate_latency(s)
     if given and s.granularity == "element":
         raise ConfigError(
             f"SensitivityAnalysis.{next(iter(given))} plans filter pruning; it does not apply to granularity: element."
@@ -374,9 +374,9 @@ def validate_budget(s: SensitivityConfig) -> None:
         )
 
 
-def validate_latency(s: SensitivityConfig, budget: bool) -> None:
+def validate_latency(s: SensitivityConfig) -> None:
     """The latency budget's keys: a positive goal in ms, a known runtime (a command template for ``command``), a
-    positive batch; the measured method plans on MACs or params only (for now)."""
+    positive batch."""
     if s.target_latency_ms is not None and not (s.target_latency_ms > 0 and math.isfinite(s.target_latency_ms)):
         raise ConfigError(
             f"SensitivityAnalysis.target_latency_ms must be a positive time in ms, got {s.target_latency_ms}."
@@ -389,12 +389,6 @@ def validate_latency(s: SensitivityConfig, budget: bool) -> None:
         )
     if s.latency_batch < 1:
         raise ConfigError(f"SensitivityAnalysis.latency_batch must be a positive batch size, got {s.latency_batch}.")
-    latency = s.target_latency_reduction is not None or s.target_latency_ms is not None
-    if latency and budget and s.plan_method == "measured":
-        raise ConfigError(
-            "SensitivityAnalysis.plan_method: measured plans for a MACs or params budget; a latency budget is planned "
-            "with plan_method: knapsack, measured end to end on the runtime."
-        )
 
 
 def check_plan_granularity(s: SensitivityConfig) -> None:
@@ -420,7 +414,8 @@ def validate_label_free(g: GlobalConfig, s: SensitivityConfig) -> None:
             f"Global.labels is none, so SensitivityAnalysis.metric must be agreement or kl (top1, top5 and ce need "
             f"labels), got '{printable(s.metric)}'."
         )
-    budget = s.target_macs_reduction is not None or s.target_params_reduction is not None
+    budget = any(value is not None for value in (s.target_macs_reduction, s.target_params_reduction,
+                                                  s.target_latency_reduction, s.target_latency_ms))  # fmt: skip
     if s.plan_method == "measured" and budget:
         raise ConfigError(
             "SensitivityAnalysis.plan_method: measured scores plans on top1 and cross-entropy against labels, which "

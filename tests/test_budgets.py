@@ -4,6 +4,7 @@ latency plan measured end to end), with the allocation's bound checked against b
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from analysis.runtimes.runtime import Runtime
 from analysis.runtimes.timing import Latency
 from analysis.structure.flops import count_cost
 from analysis.structure.physical import jointly_pruned_copy
-from analysis.workflow.latency import plan_for_latency
+from analysis.workflow.latency import MeasuredMethod, plan_for_latency
 
 from helpers import CliResult, analysis_config, batches, calibration_batches, pseudo_labelled, randomize
 from tiny_models import tiny_resnet
@@ -171,6 +172,23 @@ def test_the_measured_method_meets_every_budget(tmp_path: Path) -> None:
     assert plan.budgets == {"macs": 0.3, "params": 0.5}
 
 
+def test_the_measured_method_plans_a_latency_budget_measured_end_to_end(tmp_path: Path) -> None:
+    model = randomize(tiny_resnet()).eval()
+    data = pseudo_labelled(model, batches(count=2))
+    path = analysed(model, tmp_path / "s.pkl")
+    example = data[0][0]
+    runtime = MacsRuntime(example)
+    scoring = PlanScoring(data, "data", calibration_batches(count=2), calibration_batches(count=1), "calibration")
+    method = MeasuredMethod(scoring, SearchSettings(evaluations=6), progress=False)
+    plan = plan_for_latency(model, example, load_record(path), runtime, reduction=0.25, measured_method=method,
+                            also={"params": 0.3})  # fmt: skip
+    assert plan.method == "measured" and plan.latency is not None and plan.latency.met
+    assert plan.search is not None and plan.search["evaluations"] >= 1  # the search ran and measured plans
+    pruned = jointly_pruned_copy(model, plan.removals(), example)
+    assert runtime.latency_of(pruned) <= 0.75 * runtime.latency_of(model)
+    assert reductions(model, example, plan)[1] >= 0.3
+
+
 def test_the_command_line_plans_for_two_budgets_and_records_both(
     tmp_path: Path, list_data: Path, cli: Callable[..., CliResult]
 ) -> None:
@@ -189,3 +207,28 @@ def test_the_command_line_plans_for_two_budgets_and_records_both(
     assert alone.code == 0, alone.err
     plan = load_sidecar(analysis)["plan"]
     assert plan["measure"] == "params" and "budgets" not in plan
+
+
+SIZE_SCRIPT = """import os, sys
+print(f"{os.path.getsize(sys.argv[1]) / 1000:.3f}")
+"""
+
+
+def test_the_command_line_plans_latency_and_params_with_the_measured_method(
+    tmp_path: Path, list_data: Path, cli: Callable[..., CliResult]
+) -> None:
+    """A deterministic command runtime (the ONNX file's size in kB): the measured method's latency plan meets the
+    latency and the params budget, as measured, and the sidecar says how it was chosen."""
+    script = tmp_path / "size.py"
+    script.write_text(SIZE_SCRIPT)
+    analysis = {"pruned_ratios": [0.25, 0.5, 0.75], "report": False}
+    config = analysis_config(tmp_path, list_data, "slow_cnn", analysis, arch_kwargs={"delay": 0.0})
+    result = cli("plan", "--config_path", config, "--target_latency_reduction", "0.3", "--target_params_reduction",
+                 "0.35", "--runtime", "command", "--runtime_command", f"{sys.executable} {script} {{onnx}}",
+                 "--method", "measured", "--eval_budget", "4")  # fmt: skip
+    assert result.code == 0, result.err
+    plan = load_sidecar(tmp_path / "out" / "s.pkl")["plan"]
+    assert plan["method"] == "measured" and plan["latency"]["met"] and plan["params_reduction"] >= 0.35
+    assert plan["budgets"]["params"] == 0.35 and plan["budgets"]["latency"] == pytest.approx(0.3)
+    note = " ".join(line.lstrip("# ") for line in (tmp_path / "out" / "s.pkl.plan.yaml").read_text().splitlines())
+    assert "the best measured plan" in note

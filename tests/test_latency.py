@@ -210,7 +210,6 @@ def test_the_command_runtime_plans_a_latency_budget_from_the_command_line(
         ({"target_latency_reduction": 0.3, "target_latency_ms": 5.0}, "keep one latency budget"),
         ({"target_latency_reduction": 0.3, "latency_runtime": "tensorrt"}, "latency_runtime"),
         ({"target_latency_reduction": 0.3, "latency_runtime": "command"}, "needs SensitivityAnalysis.runtime_command"),
-        ({"target_latency_reduction": 0.3, "plan_method": "measured"}, "plan_method: knapsack"),
         ({"target_latency_reduction": 0.3, "latency_batch": 0}, "latency_batch must be a positive"),
     ],
 )

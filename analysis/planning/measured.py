@@ -44,7 +44,7 @@ from analysis.errors import UserError
 from analysis.inputs.data import EvalLoader
 from analysis.io.fingerprint import json_fingerprint
 from analysis.io.lock import exclusive
-from analysis.io.record import AnalysisSource, analysis_path, as_record
+from analysis.io.record import AnalysisRecord, AnalysisSource, analysis_path, as_record
 from analysis.io.search_log import Encoded, JointScore, Picks, SearchLog
 from analysis.io.sidecar import Sidecar
 from analysis.metrics import METRICS, Metric, metric_named
@@ -475,43 +475,57 @@ def build_measured_plan(
         planner, options = open_planner(model, example_input, record, measure)
         for other, reduction in (also or {}).items():
             planner.require(other, reduction)
-        sensitivities = record.sensitivities
-        sidecar = record.sidecar or Sidecar()
-        knapsack = planner.allocate(options, target)
-        starts = {"knapsack": _picks(options, knapsack.choices)}
-        views = start_views(planner, sensitivities, sidecar, lambda o: planner.allocate(o, target, START_RESOLUTION))
-        starts.update({name: _picks(options, choices) for name, choices in views.items()})
-        physical = any(param.mode == "physical" for param in sidecar.param_records().values())
-        keys = [group.key for group in options]
-        search = JointEvaluator(planner, keys, scoring.data, scoring.search_calibration, physical)
-        full = JointEvaluator(planner, keys, scoring.data, scoring.calibration, physical, cache_bytes=0)
-        key = {
-            "model": sidecar.fingerprint.model if sidecar.fingerprint is not None else None,
-            "data": scoring.data_fingerprint,
-            "calibration": scoring.calibration_fingerprint,
-            "ranking": dict(planner.settings),
-            "physical": physical,
-            "measure": measure,
-            **({"also": dict(planner.also)} if planner.also else {}),
-        }
-        log = SearchLog(analysis_file, key)
-        metric = sidecar.settings.metric_name
-        ranked_by = METRICS[metric_named(metric).ranked_by] if metric in METRICS else METRICS["top1"]
-        measured_search = MeasuredSearch(planner, options, starts, target, search, full, log, settings, progress,
-                                         ranked_by)  # fmt: skip
-        result = measured_search.run()
-        log.copy_to_sidecar()
-        baseline = sidecar.baseline or {}
-        measured = result.best.score.metrics
-        predicted = (
-            relative_loss(float(baseline[metric]), float(measured[metric]), metric)
-            if metric in baseline and metric in measured
-            else float("nan")
-        )
-        choices = {
-            group.key: Choice(count, param, planner.member_loss(sensitivities, param, count) if count else 0.0, 0.0)
-            for group in options
-            for param, count in [result.best.picks[group.key]]
-        }  # fmt: skip
-        return planner.plan(options, choices, target, predicted, knapsack.lower_bound, method="measured",
-                            search=result.summary)  # fmt: skip
+        return search_plan(planner, options, record, target, scoring, settings, progress)
+
+
+def search_plan(
+    planner: Planner,
+    options: Sequence[GroupOptions],
+    record: AnalysisRecord,
+    target: float,
+    scoring: PlanScoring,
+    settings: SearchSettings,
+    progress: bool | None = None,
+) -> Plan:
+    """The measured method on an open planner (its budgets, MACs, params or a latency model, are the plan's): call
+    in eval mode, holding the analysis file's lock (the search log is written beside it)."""
+    sensitivities = record.sensitivities
+    sidecar = record.sidecar or Sidecar()
+    knapsack = planner.allocate(options, target)
+    starts = {"knapsack": _picks(options, knapsack.choices)}
+    views = start_views(planner, sensitivities, sidecar, lambda o: planner.allocate(o, target, START_RESOLUTION))
+    starts.update({name: _picks(options, choices) for name, choices in views.items()})
+    physical = any(param.mode == "physical" for param in sidecar.param_records().values())
+    keys = [group.key for group in options]
+    search = JointEvaluator(planner, keys, scoring.data, scoring.search_calibration, physical)
+    full = JointEvaluator(planner, keys, scoring.data, scoring.calibration, physical, cache_bytes=0)
+    key = {
+        "model": sidecar.fingerprint.model if sidecar.fingerprint is not None else None,
+        "data": scoring.data_fingerprint,
+        "calibration": scoring.calibration_fingerprint,
+        "ranking": dict(planner.settings),
+        "physical": physical,
+        "measure": planner.measure,
+        **({"also": dict(planner.also)} if planner.also else {}),
+    }
+    log = SearchLog(record.path, key)
+    metric = sidecar.settings.metric_name
+    ranked_by = METRICS[metric_named(metric).ranked_by] if metric in METRICS else METRICS["top1"]
+    measured_search = MeasuredSearch(planner, options, starts, target, search, full, log, settings, progress,
+                                     ranked_by)  # fmt: skip
+    result = measured_search.run()
+    log.copy_to_sidecar()
+    baseline = sidecar.baseline or {}
+    measured = result.best.score.metrics
+    predicted = (
+        relative_loss(float(baseline[metric]), float(measured[metric]), metric)
+        if metric in baseline and metric in measured
+        else float("nan")
+    )
+    choices = {
+        group.key: Choice(count, param, planner.member_loss(sensitivities, param, count) if count else 0.0, 0.0)
+        for group in options
+        for param, count in [result.best.picks[group.key]]
+    }  # fmt: skip
+    return planner.plan(options, choices, target, predicted, knapsack.lower_bound, method="measured",
+                        search=result.summary)  # fmt: skip

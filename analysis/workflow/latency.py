@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from analysis.config import Config
 from analysis.errors import UserError
+from analysis.io.lock import exclusive
 from analysis.io.record import AnalysisRecord
+from analysis.planning.allocate import GroupOptions
 from analysis.planning.latency import LatencyModel, LatencyOutcome
-from analysis.planning.plan import Plan, open_planner, summed_prediction_notice
+from analysis.planning.measured import PlanScoring, SearchSettings, search_plan
+from analysis.planning.plan import Plan, Planner, open_planner, summed_prediction_notice
 from analysis.planning.verify import RuntimeLatency
 from analysis.runtimes.onnx_export import missing_modules
 from analysis.runtimes.probes import measure_table
@@ -49,10 +53,11 @@ def plan_for_latency(
     batch: int = 1,
     progress: bool | None = None,
     also: Mapping[str, float] | None = None,
+    measured_method: MeasuredMethod | None = None,
 ) -> Plan:
     """The knapsack plan whose measured latency on ``runtime`` is at most the goal (``goal_ms``, or the dense
     latency times ``1 - reduction``), and that meets every MACs or params budget in ``also`` (``{measure:
-    reduction}``) too.
+    reduction}``) too. Each attempt plans with the knapsack, or with ``measured_method`` the measured search.
 
     Raises:
         UserError: If the goal is not below the dense latency, or cannot be reached with the analysed ratios.
@@ -80,7 +85,7 @@ def plan_for_latency(
                 planner.require(other, value)
             options = planner.options(record.sensitivities)
             try:
-                allocation = planner.allocate(options, target)
+                plan = _plan(planner, options, record, target, measured_method)
             except UserError:
                 if not outcome.attempts:
                     raise  # the table alone says the analysed ratios cannot reach it
@@ -91,8 +96,7 @@ def plan_for_latency(
                     "ratios saves less on this runtime than the table predicted; lower the target, analyse larger "
                     "ratios, or measure at a larger SensitivityAnalysis.latency_batch."
                 ) from None
-            plan = planner.plan(options, allocation.choices, target, allocation.predicted_loss, allocation.lower_bound)
-            picks = {key: choice.count for key, choice in allocation.choices.items()}
+            picks = {group.members[0]: len(group.removed) for group in plan.groups}
             copy = jointly_pruned_copy(model, plan.removals(), example_input) if plan.groups else model
             measured = runtime.measure(copy.eval(), sample_shape, batch).median_ms
             predicted = latency.predicted_ms(picks)
@@ -120,8 +124,31 @@ def plan_for_latency(
     if also:  # the asked reduction, not the one the corrections planned for
         asked = reduction if reduction is not None else 1.0 - goal / latency.dense_ms
         plan.budgets = {"latency": asked, **also}
-    plan.notice = summed_prediction_notice(record, plan.predicted_loss)
+    if measured_method is None:
+        plan.notice = summed_prediction_notice(record, plan.predicted_loss)
     return plan
+
+
+@dataclass(frozen=True)
+class MeasuredMethod:
+    """How a latency plan is chosen with the measured method (:mod:`analysis.planning.measured`) instead of the
+    knapsack: the scoring images and the search's settings."""
+
+    scoring: PlanScoring
+    search: SearchSettings
+    progress: bool | None = None
+
+
+def _plan(
+    planner: Planner, options: list[GroupOptions], record: AnalysisRecord, target: float, method: MeasuredMethod | None
+) -> Plan:
+    """One attempt's plan for ``target`` on the planner's latency model: the knapsack's, or the measured search's
+    (under the analysis file's lock, which guards its search log)."""
+    if method is None:
+        allocation = planner.allocate(options, target)
+        return planner.plan(options, allocation.choices, target, allocation.predicted_loss, allocation.lower_bound)
+    with exclusive(record.path):
+        return search_plan(planner, options, record, target, method.scoring, method.search, method.progress)
 
 
 VERIFY_ROUNDS = 2
