@@ -108,7 +108,9 @@ def run_plan_step(
         if measure in ("latency", "latency_ms"):
             runtime = latency_runtime(config, example.device)
             goal = {"goal_ms": value} if measure == "latency_ms" else {"reduction": value}
-            plan = plan_for_latency(model, example, record, runtime, batch=s.latency_batch, progress=progress, **goal)
+            plan = plan_for_latency(
+                model, example, record, runtime, batch=s.latency_batch, progress=progress, table=s.latency_table, **goal
+            )
             assert plan.latency is not None
             how = (f"the smallest summed predicted loss ({plan.predicted_loss:.4f}); latency measured on "
                    f"{runtime.device}: {plan.latency.measured_ms:.3f} ms (dense {plan.latency.dense_ms:.3f} ms, "
