@@ -4,9 +4,10 @@ group's saving at a count is the sum over its changed layers of (dense layer - p
 is still measured once. Every layer timing is saved to the table's file as it finishes, so a killed build resumes
 without measuring it again.
 
-Faster than whole-model probes (many probes share layer shapes, and a single layer exports and runs quickly), but it
-sees only the conv/linear layers: what the runtime saves around them (activations, adds, pooling, fusion) is not in
-the savings, and the plan's end-to-end measurement rescales the model for it.
+Each measurement is smaller than a whole-model probe but there are more of them (ResNet-18: 188 layer shapes for 96
+probes, about the same build time; README "Planning for latency"). It sees only the conv/linear layers: what the
+runtime saves around them (activations, adds, pooling, fusion) is not in the savings, and the plan's end-to-end
+measurement rescales the model for it.
 """
 
 from __future__ import annotations
