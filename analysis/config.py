@@ -48,6 +48,7 @@ GROUP_REDUCTIONS = ("self", "mean")
 DATA_CACHE_MODES = ("auto", "ram", "off")
 ENGINES = ("fast", "reference")
 LATENCY_RUNTIMES = ("auto", "torch", "onnxruntime", "command")
+LATENCY_TABLES = ("model", "layers")
 METRIC_MODES = ("relative", "absolute")
 GRANULARITIES = ("filter", "element")
 UNIT_KINDS = ("conv", "linear", "heads")
@@ -136,6 +137,7 @@ class SensitivityConfig:
     target_latency_reduction: float | None = None
     target_latency_ms: float | None = None
     latency_runtime: str = "auto"
+    latency_table: str = "model"
     latency_batch: int = 1
     runtime_command: str | None = None
     runtime_pattern: str | None = None
@@ -376,12 +378,13 @@ def validate_budget(s: SensitivityConfig) -> None:
 
 def validate_latency(s: SensitivityConfig) -> None:
     """The latency budget's keys: a positive goal in ms, a known runtime (a command template for ``command``), a
-    positive batch."""
+    known table kind, a positive batch."""
     if s.target_latency_ms is not None and not (s.target_latency_ms > 0 and math.isfinite(s.target_latency_ms)):
         raise ConfigError(
             f"SensitivityAnalysis.target_latency_ms must be a positive time in ms, got {s.target_latency_ms}."
         )
     check_choice("SensitivityAnalysis.latency_runtime", s.latency_runtime, LATENCY_RUNTIMES)
+    check_choice("SensitivityAnalysis.latency_table", s.latency_table, LATENCY_TABLES)
     if s.latency_runtime == "command" and not (s.runtime_command or "").strip():
         raise ConfigError(
             "SensitivityAnalysis.latency_runtime: command needs SensitivityAnalysis.runtime_command, e.g. "

@@ -43,8 +43,9 @@ class MacsRuntime(Runtime):
         self.example, self.misaligned_ms, self.fail_after, self.power = example, misaligned_ms, fail_after, power
         self.calls = 0
 
-    def latency_of(self, model: nn.Module) -> float:
-        macs = count_cost(model, self.example[:1]).macs
+    def latency_of(self, model: nn.Module, sample_shape: Sequence[int] | None = None) -> float:
+        sample = self.example[:1] if sample_shape is None else torch.zeros(1, *sample_shape)
+        macs = count_cost(model, sample).macs
         convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
         misaligned = sum(m.out_channels % 4 != 0 for m in convs)
         return 0.5 + (macs / 1e4) ** self.power + self.misaligned_ms * misaligned
@@ -53,7 +54,7 @@ class MacsRuntime(Runtime):
         self.calls += 1
         if self.fail_after is not None and self.calls > self.fail_after:
             raise KeyboardInterrupt  # the run is killed in the middle of the table
-        return Latency(self.name, self.device, batch, self.latency_of(model), 0.0, 1)
+        return Latency(self.name, self.device, batch, self.latency_of(model, sample_shape), 0.0, 1)
 
 
 def analysed(model: nn.Module, path: Path) -> Path:
@@ -211,6 +212,7 @@ def test_the_command_runtime_plans_a_latency_budget_from_the_command_line(
         ({"target_latency_reduction": 0.3, "latency_runtime": "tensorrt"}, "latency_runtime"),
         ({"target_latency_reduction": 0.3, "latency_runtime": "command"}, "needs SensitivityAnalysis.runtime_command"),
         ({"target_latency_reduction": 0.3, "latency_batch": 0}, "latency_batch must be a positive"),
+        ({"target_latency_reduction": 0.3, "latency_table": "layer"}, "latency_table"),
     ],
 )
 def test_bad_latency_settings_exit_2_with_one_sentence(

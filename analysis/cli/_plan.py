@@ -12,6 +12,7 @@ from analysis.cli._logs import setup_logging
 from analysis.cli._parser import CommandParser
 from analysis.config import (
     LATENCY_RUNTIMES,
+    LATENCY_TABLES,
     PLAN_METHODS,
     Config,
     check_plan_granularity,
@@ -52,6 +53,9 @@ def build_plan_parser() -> CommandParser:
                         "onnxruntime with the onnx extra, else torch)")  # fmt: skip
     parser.add_argument("--runtime_command", help="with --runtime command: a command given {onnx} (and {batch}, "
                         "{shape}) that prints the latency in ms")  # fmt: skip
+    parser.add_argument("--latency_table", choices=LATENCY_TABLES, help="how the latency table is measured: "
+                        "model (the whole model once per probe, default) or layers (each changed conv/linear "
+                        "shape alone)")  # fmt: skip
     parser.add_argument("--latency_batch", type=int, help="images per call when measuring latency (default 1)")
     parser.add_argument("--method", choices=PLAN_METHODS, help="knapsack (from the sensitivity curves, default) or "
                         "measured (improved with joint evaluations, BatchNorm re-estimated)")  # fmt: skip
@@ -102,6 +106,7 @@ def plan_main(argv: Sequence[str]) -> int:
         "SensitivityAnalysis.latency_runtime": args.runtime,
         "SensitivityAnalysis.runtime_command": args.runtime_command,
         "SensitivityAnalysis.latency_batch": args.latency_batch,
+        "SensitivityAnalysis.latency_table": args.latency_table,
         "SensitivityAnalysis.verify": True if args.verify else None,
         "SensitivityAnalysis.export_dir": args.export_dir,
         "SensitivityAnalysis.plan_method": args.method,

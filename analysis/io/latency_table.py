@@ -1,9 +1,11 @@
 """The latency table of a model on one runtime: the whole model's measured latency dense and with one group of coupled
 units pruned at each probed channel count, cached in a JSON file so that a killed build resumes where it stopped
-and a later plan on the same runtime, device, input and batch measures nothing again.
+and a later plan on the same runtime, device, input and batch measures nothing again. A layer-level table also keeps
+the latency of each conv/linear layer shape it measured (its probes are the dense latency minus the summed savings).
 
 The file ``<analysis file>.latency-<key hash>.json`` holds one table; its ``key`` (runtime, device, input shape,
-batch size, model fingerprint) must match, else the file belongs to another setting and is not read.
+batch size, model fingerprint, and ``table: layers`` for a layer-level table) must match, else the file belongs to
+another setting and is not read.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ class LatencyTable:
         key: What the numbers depend on (runtime, device, input shape, batch, model fingerprint).
         dense_ms: The unpruned model's latency (None until measured).
         probes: ``{group key: {channels removed: latency ms}}`` with only that group pruned.
+        layers: ``{layer shape: latency ms}`` of single layers (a layer-level table only; empty otherwise).
     """
 
     key: dict[str, Any]
     dense_ms: float | None = None
     probes: dict[str, dict[int, float]] = field(default_factory=dict)
+    layers: dict[str, float] = field(default_factory=dict)
 
     def measured(self, group: str, count: int) -> bool:
         """Whether the probe of ``group`` at ``count`` is in the table."""
@@ -51,11 +55,14 @@ class LatencyTable:
 
     def to_json(self) -> dict[str, Any]:
         """The file's content."""
-        return {
+        data: dict[str, Any] = {
             "key": self.key,
             "dense_ms": self.dense_ms,
             "probes": {group: {str(c): ms for c, ms in sorted(by.items())} for group, by in self.probes.items()},
         }
+        if self.layers:
+            data["layers"] = dict(self.layers)
+        return data
 
 
 def table_path(analysis_file: str | os.PathLike[str], key: dict[str, Any]) -> Path:
@@ -81,7 +88,8 @@ def load_table(path: Path, key: dict[str, Any]) -> LatencyTable:
             str(group): {int(count): float(ms) for count, ms in counts.items()}
             for group, counts in data.get("probes", {}).items()
         }
-        return LatencyTable(dict(key), None if dense is None else float(dense), probes)
+        layers = {str(shape): float(ms) for shape, ms in data.get("layers", {}).items()}
+        return LatencyTable(dict(key), None if dense is None else float(dense), probes, layers)
     except (ValueError, TypeError, AttributeError) as error:
         raise AnalysisFileError(
             f"Latency table {path} is damaged ({error}); delete it to measure the table again."

@@ -546,6 +546,10 @@ class Planner:
         each pick's shape change is computed once)."""
         return self.costs.delta_cost(self._pick_delta(pick) for pick in picks if pick[1])
 
+    def pick_delta(self, pick: tuple[str, int]) -> ShapeDelta:
+        """What one ``(ranking param, channel count)`` pick takes from each parameter's shape (computed once)."""
+        return self._pick_delta(pick)
+
     def _pick_delta(self, pick: tuple[str, int]) -> ShapeDelta:
         if pick not in self._deltas:
             param, count = pick

@@ -20,6 +20,7 @@ from analysis.planning.latency import LatencyModel, LatencyOutcome
 from analysis.planning.measured import PlanScoring, SearchSettings, search_plan
 from analysis.planning.plan import Plan, Planner, open_planner, summed_prediction_notice
 from analysis.planning.verify import RuntimeLatency
+from analysis.runtimes.layers import measure_layer_table
 from analysis.runtimes.onnx_export import missing_modules
 from analysis.runtimes.probes import measure_table
 from analysis.runtimes.runtime import Runtime, make_runtime
@@ -54,10 +55,12 @@ def plan_for_latency(
     progress: bool | None = None,
     also: Mapping[str, float] | None = None,
     measured_method: MeasuredMethod | None = None,
+    table: str = "model",
 ) -> Plan:
     """The knapsack plan whose measured latency on ``runtime`` is at most the goal (``goal_ms``, or the dense
-    latency times ``1 - reduction``), and that meets every MACs or params budget in ``also`` (``{measure:
-    reduction}``) too. Each attempt plans with the knapsack, or with ``measured_method`` the measured search.
+    latency times ``1 - reduction``), on a latency table of kind ``table`` (``model``: whole-model probes,
+    ``layers``: single layers), and that meets every MACs or params budget in ``also`` (``{measure: reduction}``)
+    too. Each attempt plans with the knapsack, or with ``measured_method`` the measured search.
 
     Raises:
         UserError: If the goal is not below the dense latency, or cannot be reached with the analysed ratios.
@@ -66,8 +69,9 @@ def plan_for_latency(
     with eval_mode(model):
         planner, options = open_planner(model, example_input, record, "macs")
         counts = planner.probe_counts(options, record.sensitivities)
-        table, path, seconds = measure_table(planner, counts, runtime, batch, record.path, progress)
-        latency = LatencyModel(table)
+        measure = {"model": measure_table, "layers": measure_layer_table}[table]
+        latency_table, path, seconds = measure(planner, counts, runtime, batch, record.path, progress)
+        latency = LatencyModel(latency_table)
         goal = goal_ms if goal_ms is not None else latency.dense_ms * (1.0 - float(reduction or 0.0))
         if not 0.0 < goal < latency.dense_ms:
             raise UserError(

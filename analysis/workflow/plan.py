@@ -118,7 +118,7 @@ def run_plan_step(
                 method = MeasuredMethod(_scoring(inputs, search, config.Global.seed), search, progress)
             plan = plan_for_latency(model, example, record, runtime, reduction=targets.get("latency"),
                                     goal_ms=targets.get("latency_ms"), batch=s.latency_batch, progress=progress,
-                                    also=also, measured_method=method)  # fmt: skip
+                                    also=also, measured_method=method, table=s.latency_table)  # fmt: skip
             assert plan.latency is not None
             chosen = (f"the best measured plan (loss {plan.predicted_loss:.4f} measured with all groups pruned at once)"
                       if method else f"the smallest summed predicted loss ({plan.predicted_loss:.4f})")  # fmt: skip

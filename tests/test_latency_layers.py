@@ -1,0 +1,169 @@
+"""Layer-level latency tables: the changed layer shapes are exact, savings equal the whole-model probes' on an
+additive runtime, each shape is measured once, a killed build resumes, and a latency plan on it meets its budget."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_latency import MacsRuntime, analysed
+from torch import nn
+
+from analysis.io.latency_table import LatencyTable, load_table, save_table
+from analysis.io.record import load_record
+from analysis.io.results import load_sidecar
+from analysis.planning.plan import Planner, open_planner
+from analysis.runtimes.layers import changed_layers, layer_calls, measure_layer_table
+from analysis.runtimes.probes import measure_table, table_key
+from analysis.structure.criteria import allowed_counts
+from analysis.structure.groups import eval_mode
+from analysis.structure.physical import jointly_pruned_copy
+from analysis.workflow import plan as plan_workflow
+from analysis.workflow.latency import plan_for_latency
+
+import tiny_models
+from helpers import CliResult, analysis_config, batches, randomize
+
+
+class CountingRuntime(MacsRuntime):
+    """:class:`MacsRuntime` that remembers the layer shapes it was asked to measure."""
+
+    def __init__(self, example: torch.Tensor, **options: Any) -> None:
+        super().__init__(example, **options)
+        self.measured: list[str] = []
+
+    def measure(self, model: nn.Module, sample_shape: Any, batch: int) -> Any:
+        self.measured.append(f"{model!r} @ {tuple(sample_shape)}")
+        return super().measure(model, sample_shape, batch)
+
+
+@pytest.fixture
+def setting(tmp_path: Path) -> tuple[nn.Module, torch.Tensor, Path]:
+    model = randomize(tiny_models.tiny_resnet()).eval()
+    return model, batches(count=1)[0][0], analysed(model, tmp_path / "s.pkl")
+
+
+def planned(model: nn.Module, example: torch.Tensor, path: Path) -> tuple[Planner, dict[str, list[int]]]:
+    planner, options = open_planner(model, example, load_record(path))
+    return planner, planner.probe_counts(options, load_record(path).sensitivities)
+
+
+@pytest.mark.parametrize(
+    "build", [tiny_models.tiny_resnet, tiny_models.tiny_inverted_residual, tiny_models.tiny_grouped,
+              tiny_models.tiny_flatten_head, tiny_models.tiny_densenet],
+)  # fmt: skip
+def test_changed_layer_shapes_are_those_of_the_physically_pruned_model(build: Callable[[], nn.Module]) -> None:
+    """Depthwise convs (groups follow the channels), grouped convs, a flattening linear head and concatenations."""
+    model = randomize(build()).eval()
+    example = batches(count=1)[0][0]
+    with eval_mode(model):
+        planner = Planner(model, example, {"criterion": "l1_norm", "group_reduction": "self"}, "macs")
+        dense = layer_calls(model, example)
+        assert dense and planner.by_name
+        for name, param in planner.by_name.items():
+            counts = [c for c in allowed_counts(param.channels, len(param.conv_blocks)) if c]
+            count = counts[len(counts) // 2]
+            changed = {layer: changed_layers(planner, {layer: shapes}, name, count) for layer, shapes in dense.items()}
+            copy = jointly_pruned_copy(model, [(param.module_name, planner.removed(name, count))], example)
+            expected = {layer: [p for _, p in changed[layer]] or shapes for layer, shapes in dense.items()}
+            assert layer_calls(copy, example) == expected, name
+            pairs = [pair for found in changed.values() for pair in found]
+            assert len(pairs) >= 2 and all(pruned != shape for shape, pruned in pairs)  # a producer and a consumer
+            for _, shape in pairs:
+                built = shape.build()
+                built(torch.zeros(1, *shape.sample))  # a standalone layer of the pruned shape runs
+
+
+@pytest.mark.parametrize("misaligned_ms", [0.0, 0.05])
+def test_layer_savings_equal_the_whole_model_probes_on_an_additive_runtime(setting: Any, misaligned_ms: float) -> None:
+    """Latency = overhead + MACs (+ a cost per misaligned conv) is a sum over layers, so the layer table's savings
+    equal the whole-model probes' exactly; the two tables live in different files."""
+    model, example, path = setting
+    with eval_mode(model):
+        planner, counts = planned(model, example, path)
+        probes, probe_file, _ = measure_table(planner, counts, MacsRuntime(example, misaligned_ms), 1, path, False)
+        layers, layer_file, _ = measure_layer_table(planner, counts, MacsRuntime(example, misaligned_ms), 1, path,
+                                                    progress=False)  # fmt: skip
+    assert layer_file != probe_file and layers.key["table"] == "layers" and "table" not in probes.key
+    assert layers.dense_ms == probes.dense_ms and layers.layers and not probes.layers
+    assert set(layers.probes) == set(probes.probes) == set(counts)
+    for group, found in counts.items():
+        assert sorted(layers.probes[group]) == found
+        for count in found:
+            assert layers.saving(group, count) == pytest.approx(probes.saving(group, count), abs=1e-9)
+            assert layers.saving(group, count) > 0
+
+
+def test_each_layer_shape_is_measured_once_and_a_killed_build_resumes(setting: Any) -> None:
+    model, example, path = setting
+    with eval_mode(model):
+        planner, counts = planned(model, example, path)
+        calls = layer_calls(model, example)
+        pairs = [
+            pair for group, found in counts.items() for c in found for pair in changed_layers(planner, calls, group, c)
+        ]
+        shapes = {shape.key for pair in pairs for shape in pair}
+        assert len(shapes) < 2 * len(pairs)  # shapes are shared between probes (the dense ones at least)
+        runtime = CountingRuntime(example)
+        fresh, _, _ = measure_layer_table(planner, counts, runtime, 1, path.with_name("fresh.pkl"), progress=False)
+        assert runtime.calls == 1 + len(shapes) == len(set(runtime.measured))  # the dense model, then each shape once
+        killed = MacsRuntime(example, fail_after=3)
+        with pytest.raises(KeyboardInterrupt):
+            measure_layer_table(planner, counts, killed, 1, path, progress=False)
+        again = MacsRuntime(example)
+        table, file, _ = measure_layer_table(planner, counts, again, 1, path, progress=False)
+        assert again.calls == len(shapes) - 2  # the dense model and two layers were saved before the kill
+        assert table.layers == fresh.layers and table.probes == fresh.probes and table.dense_ms == fresh.dense_ms
+        cached = MacsRuntime(example)
+        measure_layer_table(planner, counts, cached, 1, path, progress=False)
+        assert cached.calls == 0 and load_table(file, table.key).layers == fresh.layers
+
+
+def test_a_table_file_without_layers_loads_and_a_model_table_writes_none(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    key = {"runtime": "fake"}
+    path.write_text(json.dumps({"key": key, "dense_ms": 3.0, "probes": {"a": {"2": 2.5}}}))
+    table = load_table(path, key)
+    assert table.layers == {} and table.saving("a", 2) == 0.5
+    save_table(path, table)
+    assert "layers" not in json.loads(path.read_text())
+    save_table(path, LatencyTable(key, 3.0, {}, {"Linear(4->2) @ (4,)": 0.1}))
+    assert load_table(path, key).layers == {"Linear(4->2) @ (4,)": 0.1}
+
+
+def test_the_table_kind_is_part_of_the_cache_key(setting: Any) -> None:
+    model, example, path = setting
+    runtime = MacsRuntime(example)
+    with eval_mode(model):
+        planner, counts = planned(model, example, path)
+        table, _, _ = measure_layer_table(planner, counts, runtime, 1, path, progress=False)
+    assert table.key == {**table_key(runtime, model, tuple(example.shape[1:]), 1), "table": "layers"}
+
+
+@pytest.mark.parametrize("target", [0.2, 0.5])
+def test_a_latency_plan_on_a_layer_table_meets_its_budget_as_measured(setting: Any, target: float) -> None:
+    model, example, path = setting
+    runtime = MacsRuntime(example, 0.05)
+    plan = plan_for_latency(model, example, load_record(path), runtime, reduction=target, table="layers")
+    assert plan.latency is not None and plan.latency.met
+    measured = runtime.latency_of(jointly_pruned_copy(model, plan.removals(), example))
+    assert plan.latency.measured_ms == measured <= runtime.latency_of(model) * (1 - target)
+    assert "table" in json.loads(Path(plan.latency.table_file).read_text())["key"]
+
+
+def test_the_plan_command_builds_the_table_its_flag_names(
+    tmp_path: Path, list_data: Path, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(plan_workflow, "latency_runtime", lambda config, device: MacsRuntime(torch.zeros(1)))
+    config = analysis_config(tmp_path, list_data, "slow_cnn", {"pruned_ratios": [0.25, 0.5], "report": False},
+                             arch_kwargs={"delay": 0.0})  # fmt: skip
+    for kind in ("layers", "model"):
+        result = cli("plan", "--config_path", config, "--target_latency_reduction", "0.2", "--latency_table", kind)
+        assert result.code == 0, result.err
+        latency = load_sidecar(tmp_path / "out" / "s.pkl")["plan"]["latency"]
+        table = json.loads(Path(latency["table_file"]).read_text())
+        assert latency["met"] and bool(table.get("layers")) == (kind == "layers")
