@@ -19,48 +19,14 @@ from analysis.io.results import load_sidecar
 from analysis.planning.latency import LatencyModel
 from analysis.planning.plan import open_planner, param_count
 from analysis.runtimes.probes import measure_table
-from analysis.runtimes.runtime import Runtime
 from analysis.runtimes.timing import Latency
-from analysis.structure.flops import count_cost
 from analysis.structure.groups import eval_mode
 from analysis.structure.physical import jointly_pruned_copy
 from analysis.workflow.latency import MAX_ATTEMPTS, plan_for_latency
 
 from helpers import CliResult, analysis_config, batches, pseudo_labelled, randomize, tiny_global, write_config
+from latency_fakes import MacsRuntime, PhasedRuntime, analysed
 from tiny_models import tiny_resnet
-
-
-class MacsRuntime(Runtime):
-    """A deterministic runtime: latency = a fixed overhead plus the model's MACs (in millions), optionally with an
-    extra cost per layer whose channel count is not a multiple of 4 (as real kernels prefer aligned widths)."""
-
-    name = "fake"
-    device = "fake device"
-
-    def __init__(
-        self, example: torch.Tensor, misaligned_ms: float = 0.0, fail_after: int | None = None, power: float = 1.0
-    ) -> None:
-        self.example, self.misaligned_ms, self.fail_after, self.power = example, misaligned_ms, fail_after, power
-        self.calls = 0
-
-    def latency_of(self, model: nn.Module, sample_shape: Sequence[int] | None = None) -> float:
-        sample = self.example[:1] if sample_shape is None else torch.zeros(1, *sample_shape)
-        macs = count_cost(model, sample).macs
-        convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
-        misaligned = sum(m.out_channels % 4 != 0 for m in convs)
-        return 0.5 + (macs / 1e4) ** self.power + self.misaligned_ms * misaligned
-
-    def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
-        self.calls += 1
-        if self.fail_after is not None and self.calls > self.fail_after:
-            raise KeyboardInterrupt  # the run is killed in the middle of the table
-        return Latency(self.name, self.device, batch, self.latency_of(model, sample_shape), 0.0, 1)
-
-
-def analysed(model: nn.Module, path: Path) -> Path:
-    data = pseudo_labelled(model, batches(count=2))
-    analysis_prune(model, data, path, pruned_ratios=(0.25, 0.5, 0.75), progress=False)
-    return path
 
 
 @pytest.fixture
@@ -138,13 +104,59 @@ def test_the_table_resumes_after_a_kill_without_measuring_again(setting: Any) ->
             measure_table(planner, counts, killed, 1, path, progress=False)
         again = MacsRuntime(example)
         table, file, _ = measure_table(planner, counts, again, 1, path, progress=False)
-        assert again.calls == 1 + probes - 3  # the dense model and two probes were saved before the kill
+        assert again.calls == len(counts) + probes - 1  # the dense model and one probe were saved before the kill
         fresh_file = path.with_name("other.pkl")
         fresh, _, _ = measure_table(planner, counts, MacsRuntime(example), 1, fresh_file, progress=False)
         assert table.probes == fresh.probes and table.dense_ms == fresh.dense_ms
+        assert table.references == fresh.references  # each probe beside the dense model measured before its group
         cached = MacsRuntime(example)
         measure_table(planner, counts, cached, 1, path, progress=False)
         assert cached.calls == 0 and file.exists()
+
+
+def test_probe_savings_are_relative_to_the_dense_model_measured_beside_them(setting: Any) -> None:
+    """The machine's speed changes between groups (other jobs): each group's probes are taken against the dense
+    model measured just before them, so every saving keeps its proportion to the steady machine's; plain differences
+    from the first dense measurement would not."""
+    model, example, path = setting
+    with eval_mode(model):
+        planner, options = open_planner(model, example, load_record(path))
+        counts = planner.probe_counts(options, load_record(path).sensitivities)
+        steady, _, _ = measure_table(planner, counts, MacsRuntime(example), 1, path.with_name("steady.pkl"), False)
+        shape = tuple(example.shape[1:])
+        phased, _, _ = measure_table(planner, counts, PhasedRuntime(example, {f"{model!r} @ {shape}"}), 1, path, False)
+    scale = phased.dense_ms / steady.dense_ms
+    naive = []
+    for group, found in counts.items():
+        for count in found:
+            assert phased.saving(group, count) == pytest.approx(scale * steady.saving(group, count), rel=1e-9)
+            naive.append(phased.dense_ms - phased.probes[group][count])
+    assert min(naive) < 0  # measured against the first dense timing, faster phases looked like savings and back
+
+
+class HalfTimeRuntime(MacsRuntime):
+    """:class:`MacsRuntime` on a machine twice as fast (the table was measured while it was idle)."""
+
+    def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
+        steady = super().measure(model, sample_shape, batch)
+        return Latency(steady.runtime, steady.device, batch, steady.median_ms / 2, 0.0, 1)
+
+
+def test_a_reduction_is_judged_against_the_dense_model_measured_beside_the_plan(setting: Any) -> None:
+    """The cached table was measured on a machine twice as fast as now: the plan is judged by how much faster than
+    the dense model measured beside it, not against a goal from the table's dense latency (which nothing would
+    reach), and really is 30% faster."""
+    model, example, path = setting
+    with eval_mode(model):
+        planner, options = open_planner(model, example, load_record(path))
+        counts = planner.probe_counts(options, load_record(path).sensitivities)
+        measure_table(planner, counts, HalfTimeRuntime(example), 1, path, progress=False)
+    runtime = MacsRuntime(example)
+    plan = plan_for_latency(model, example, load_record(path), runtime, reduction=0.3)
+    assert plan.latency is not None and plan.latency.met
+    dense, pruned = runtime.latency_of(model), runtime.latency_of(jointly_pruned_copy(model, plan.removals(), example))
+    assert plan.latency.attempts[-1]["dense_ms"] == dense == 2 * plan.latency.dense_ms
+    assert pruned <= 0.7 * dense and plan.reduction_of("latency") == pytest.approx(1 - pruned / dense)
 
 
 def test_probes_cover_the_analysed_counts_and_aligned_ones_and_plans_offer_only_probed_counts(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from test_latency import MacsRuntime, analysed
 from torch import nn
 
 from analysis.io.latency_table import LatencyTable, load_table, save_table
@@ -19,6 +18,7 @@ from analysis.io.results import load_sidecar
 from analysis.planning.plan import Planner, open_planner
 from analysis.runtimes.layers import changed_layers, layer_calls, measure_layer_table
 from analysis.runtimes.probes import measure_table, table_key
+from analysis.runtimes.timing import Latency
 from analysis.structure.criteria import allowed_counts
 from analysis.structure.groups import eval_mode
 from analysis.structure.physical import jointly_pruned_copy
@@ -27,6 +27,7 @@ from analysis.workflow.latency import plan_for_latency
 
 import tiny_models
 from helpers import CliResult, analysis_config, batches, randomize
+from latency_fakes import MacsRuntime, analysed
 
 
 class CountingRuntime(MacsRuntime):
@@ -99,6 +100,7 @@ def test_layer_savings_equal_the_whole_model_probes_on_an_additive_runtime(setti
 
 
 def test_each_layer_shape_is_measured_once_and_a_killed_build_resumes(setting: Any) -> None:
+    """Each pruned shape once, beside its dense shape measured just before it (the reference of its saving)."""
     model, example, path = setting
     with eval_mode(model):
         planner, counts = planned(model, example, path)
@@ -106,21 +108,54 @@ def test_each_layer_shape_is_measured_once_and_a_killed_build_resumes(setting: A
         pairs = [
             pair for group, found in counts.items() for c in found for pair in changed_layers(planner, calls, group, c)
         ]
-        shapes = {shape.key for pair in pairs for shape in pair}
-        assert len(shapes) < 2 * len(pairs)  # shapes are shared between probes (the dense ones at least)
+        dense_shapes = {dense.key for dense, _ in pairs}
+        pruned_shapes = {pruned.key for _, pruned in pairs}
+        assert len(dense_shapes) + len(pruned_shapes) < 2 * len(pairs)  # shapes are shared between probes
         runtime = CountingRuntime(example)
         fresh, _, _ = measure_layer_table(planner, counts, runtime, 1, path.with_name("fresh.pkl"), progress=False)
-        assert runtime.calls == 1 + len(shapes) == len(set(runtime.measured))  # the dense model, then each shape once
-        killed = MacsRuntime(example, fail_after=3)
+        assert runtime.calls == 1 + len(dense_shapes) + len(pruned_shapes)  # the model, each dense and pruned shape
+        assert (
+            set(fresh.references) == pruned_shapes and {what for what, _ in fresh.references.values()} <= dense_shapes
+        )
+        killed = CountingRuntime(example, fail_after=3)  # the model, a dense shape and one pruned shape get saved
         with pytest.raises(KeyboardInterrupt):
             measure_layer_table(planner, counts, killed, 1, path, progress=False)
-        again = MacsRuntime(example)
+        again = CountingRuntime(example)
         table, file, _ = measure_layer_table(planner, counts, again, 1, path, progress=False)
-        assert again.calls == len(shapes) - 2  # the dense model and two layers were saved before the kill
+        assert killed.measured[2] not in again.measured and killed.measured[0] not in again.measured
+        assert again.calls < runtime.calls - 1
         assert table.layers == fresh.layers and table.probes == fresh.probes and table.dense_ms == fresh.dense_ms
         cached = MacsRuntime(example)
         measure_layer_table(planner, counts, cached, 1, path, progress=False)
         assert cached.calls == 0 and load_table(file, table.key).layers == fresh.layers
+
+
+class BusierRuntime(MacsRuntime):
+    """:class:`MacsRuntime` on a machine three times slower (other jobs started while the build was down)."""
+
+    def measure(self, model: nn.Module, sample_shape: Any, batch: int) -> Latency:
+        steady = super().measure(model, sample_shape, batch)
+        return Latency(steady.runtime, steady.device, batch, 3 * steady.median_ms, 0.0, 1)
+
+
+def test_layer_savings_are_relative_to_the_dense_shape_measured_beside_them(setting: Any) -> None:
+    """A build killed and resumed on a busier machine: the dense shape timed before the kill stays in the table, and
+    the pruned shapes timed after it are taken against that shape measured again beside them, so every saving keeps
+    its proportion to the steady machine's; plain differences across the restart would not."""
+    model, example, path = setting
+    with eval_mode(model):
+        planner, counts = planned(model, example, path)
+        steady, _, _ = measure_layer_table(planner, counts, MacsRuntime(example), 1, path.with_name("s2.pkl"), False)
+        with pytest.raises(KeyboardInterrupt):
+            measure_layer_table(planner, counts, MacsRuntime(example, fail_after=3), 1, path, False)
+        resumed, _, _ = measure_layer_table(planner, counts, BusierRuntime(example), 1, path, False)
+    plain_wrong = 0
+    for pruned, (dense, _) in resumed.references.items():
+        scale = resumed.layers[dense] / steady.layers[dense]
+        expected = scale * steady.layer_saving(dense, pruned)
+        assert resumed.layer_saving(dense, pruned) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+        plain_wrong += resumed.layers[dense] - resumed.layers[pruned] != pytest.approx(expected, rel=1e-6)
+    assert plain_wrong >= 1  # the restart case was exercised
 
 
 def test_a_table_file_without_layers_loads_and_a_model_table_writes_none(tmp_path: Path) -> None:

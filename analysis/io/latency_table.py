@@ -31,12 +31,16 @@ class LatencyTable:
         dense_ms: The unpruned model's latency (None until measured).
         probes: ``{group key: {channels removed: latency ms}}`` with only that group pruned.
         layers: ``{layer shape: latency ms}`` of single layers (a layer-level table only; empty otherwise).
+        references: Per probe (``group@count``, :func:`probe_id`) or pruned layer shape, ``(what, ms)``: the unpruned
+            model (``model``) or layer shape measured just before it. Savings are taken relative to it, so a machine
+            that slows down or speeds up during the build (other jobs) does not turn into savings.
     """
 
     key: dict[str, Any]
     dense_ms: float | None = None
     probes: dict[str, dict[int, float]] = field(default_factory=dict)
     layers: dict[str, float] = field(default_factory=dict)
+    references: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     def measured(self, group: str, count: int) -> bool:
         """Whether the probe of ``group`` at ``count`` is in the table."""
@@ -47,11 +51,23 @@ class LatencyTable:
         linear in between (0 at 0; the largest probe beyond it)."""
         if count <= 0 or self.dense_ms is None:
             return 0.0
-        points = [(0, 0.0), *sorted((c, self.dense_ms - ms) for c, ms in self.probes.get(group, {}).items())]
+        points = [(0, 0.0), *sorted((c, self.probe_saving(group, c)) for c in self.probes.get(group, {}))]
         for (low, low_saving), (high, high_saving) in itertools.pairwise(points):
             if count <= high:
                 return low_saving + (high_saving - low_saving) * (count - low) / (high - low)
         return points[-1][1]
+
+    def probe_saving(self, group: str, count: int) -> float:
+        """What the probe of ``group`` at ``count`` saved: the dense latency times the fraction the probe saved
+        against the whole model measured just before it (the plain difference for probes without one)."""
+        assert self.dense_ms is not None
+        return relative_saving(self.dense_ms, self.probes[group][count], self.references.get(probe_id(group, count)),
+                               "model")  # fmt: skip
+
+    def layer_saving(self, dense: str, pruned: str) -> float:
+        """What pruning the layer of shape ``dense`` to shape ``pruned`` saves, relative to ``dense`` measured just
+        before ``pruned`` when it was (else the plain difference)."""
+        return relative_saving(self.layers[dense], self.layers[pruned], self.references.get(pruned), dense)
 
     def to_json(self) -> dict[str, Any]:
         """The file's content."""
@@ -62,7 +78,22 @@ class LatencyTable:
         }
         if self.layers:
             data["layers"] = dict(self.layers)
+        if self.references:
+            data["references"] = {name: list(reference) for name, reference in self.references.items()}
         return data
+
+
+def probe_id(group: str, count: int) -> str:
+    """A probe's name in :attr:`LatencyTable.references`."""
+    return f"{group}@{count}"
+
+
+def relative_saving(dense_ms: float, pruned_ms: float, reference: tuple[str, float] | None, of: str) -> float:
+    """``dense_ms`` minus ``pruned_ms``, with ``pruned_ms`` first rescaled by ``dense_ms / reference`` when
+    ``reference`` is a measurement of ``of`` taken next to it (the machine's speed at that moment cancels)."""
+    if reference is None or reference[0] != of or not reference[1] > 0:
+        return dense_ms - pruned_ms
+    return dense_ms * (1.0 - pruned_ms / reference[1])
 
 
 def table_path(analysis_file: str | os.PathLike[str], key: dict[str, Any]) -> Path:
@@ -89,7 +120,8 @@ def load_table(path: Path, key: dict[str, Any]) -> LatencyTable:
             for group, counts in data.get("probes", {}).items()
         }
         layers = {str(shape): float(ms) for shape, ms in data.get("layers", {}).items()}
-        return LatencyTable(dict(key), None if dense is None else float(dense), probes, layers)
+        references = {str(name): (str(what), float(ms)) for name, (what, ms) in data.get("references", {}).items()}
+        return LatencyTable(dict(key), None if dense is None else float(dense), probes, layers, references)
     except (ValueError, TypeError, AttributeError) as error:
         raise AnalysisFileError(
             f"Latency table {path} is damaged ({error}); delete it to measure the table again."

@@ -57,9 +57,13 @@ class LatencyOutcome:
         runtime: The runtime's name.
         device: Where it measured.
         batch: Images per call.
-        dense_ms: The unpruned model's latency.
-        goal_ms: The latency the plan must reach.
-        attempts: Per attempt: its target reduction, predicted and measured latency, and the model's scale.
+        dense_ms: The unpruned model's latency (the table's).
+        goal_ms: The latency the plan must reach (from the table's dense latency, for a reduction).
+        attempts: Per attempt: its target reduction, predicted and measured latency, the dense model measured
+            beside it (``dense_ms``), and the model's scale.
+        goal_reduction: The reduction asked for (None for an absolute goal): met when the plan measures that much
+            below the dense model measured beside it, so a machine that got slower or faster since the table was
+            measured does not decide it.
         table_file: The cached latency table.
         table_seconds: Time spent measuring the table in this run.
     """
@@ -72,6 +76,7 @@ class LatencyOutcome:
     attempts: list[dict[str, float]] = field(default_factory=list)
     table_file: str = ""
     table_seconds: float = 0.0
+    goal_reduction: float | None = None
 
     @property
     def measured_ms(self) -> float:
@@ -84,8 +89,21 @@ class LatencyOutcome:
         return self.attempts[-1]["predicted_ms"]
 
     @property
+    def measured_reduction(self) -> float:
+        """How much faster the chosen plan measured than the dense model measured beside it."""
+        last = self.attempts[-1]
+        return 1.0 - last["measured_ms"] / last.get("dense_ms", self.dense_ms)
+
+    @property
+    def predicted_reduction(self) -> float:
+        """How much faster the latency model predicted the chosen plan."""
+        return 1.0 - self.predicted_ms / self.dense_ms
+
+    @property
     def met(self) -> bool:
-        """Whether the measured latency reaches the goal."""
+        """Whether the chosen plan reaches the goal as measured."""
+        if self.goal_reduction is not None:
+            return self.measured_reduction >= self.goal_reduction
         return self.measured_ms <= self.goal_ms
 
     def as_dict(self) -> dict[str, Any]:

@@ -146,7 +146,7 @@ class Plan:
         """The reduction of ``measure`` the plan achieves (latency: measured, when it was)."""
         if measure == "latency":
             assert self.latency is not None, "a latency plan is measured"
-            return 1.0 - self.latency.measured_ms / self.latency.dense_ms
+            return self.latency.measured_reduction
         return cost_summary(self.dense, self.pruned)[f"{measure}_reduction"]
 
     def removals(self) -> list[tuple[str, list[int]]]:

@@ -165,25 +165,42 @@ def measure_layer_table(
     calls = layer_calls(model, example)
     changes = {(group, count): changed_layers(planner, calls, group, count) for group, found in counts.items()
                for count in found}  # fmt: skip
-    shapes = {shape.key: shape for pairs in changes.values() for pair in pairs for shape in pair}
-    todo = [shape for name, shape in shapes.items() if name not in table.layers]
+    pending: dict[str, tuple[LayerShape, dict[str, LayerShape]]] = {}  # dense shape -> pruned shapes to measure
+    for pairs in changes.values():
+        for dense, pruned in pairs:
+            entry = pending.setdefault(dense.key, (dense, {}))
+            if pruned.key not in table.layers:
+                entry[1][pruned.key] = pruned
+    seen: set[str] = set()
+    for _, pruned_shapes in pending.values():  # a pruned shape shared by two layers is measured once
+        for name in [name for name in pruned_shapes if name in seen]:
+            del pruned_shapes[name]
+        seen.update(pruned_shapes)
+    work = {name: entry for name, entry in pending.items() if entry[1] or name not in table.layers}
+    todo = sum(1 + len(pruned_shapes) for _, pruned_shapes in work.values())
     start = time.perf_counter()
     if table.dense_ms is None or todo:
-        cached = len(shapes) - len(todo)
+        cached = len(table.layers)
         logger.info(
-            "Layer latency table on %s (batch %d): %d layer shape(s) to measure%s, for %d probe(s).", runtime.device,
-            batch, len(todo), f", {cached} cached in {path.name}" if cached else "", len(changes),
+            "Layer latency table on %s (batch %d): %d layer timing(s) to measure%s, for %d probe(s).", runtime.device,
+            batch, todo, f", {cached} shape(s) cached in {path.name}" if cached else "", len(changes),
         )  # fmt: skip
     if table.dense_ms is None:
         table.dense_ms = runtime.measure(model, sample_shape, batch).median_ms
         save_table(path, table)
-    with progress_bar(progress, total=len(todo), desc="layer latency table", unit="layer") as bar:
-        for shape in todo:
-            table.layers[shape.key] = runtime.measure(shape.build(), shape.sample, batch).median_ms
-            save_table(path, table)  # a kill loses at most the layer in progress
+    with progress_bar(progress, total=todo, desc="layer latency table", unit="layer") as bar:
+        for name, (dense, pruned_shapes) in work.items():
+            reference = runtime.measure(dense.build(), dense.sample, batch).median_ms  # next to its pruned shapes
+            table.layers.setdefault(name, reference)
+            save_table(path, table)
             bar.update(1)
+            for pruned_name, pruned in pruned_shapes.items():
+                table.layers[pruned_name] = runtime.measure(pruned.build(), pruned.sample, batch).median_ms
+                table.references[pruned_name] = (name, reference)
+                save_table(path, table)  # a kill loses at most the layer in progress
+                bar.update(1)
     for (group, count), pairs in changes.items():
-        saving = sum(table.layers[dense.key] - table.layers[pruned.key] for dense, pruned in pairs)
+        saving = sum(table.layer_saving(dense.key, pruned.key) for dense, pruned in pairs)
         table.probes.setdefault(group, {})[count] = table.dense_ms - saving
     save_table(path, table)
     return table, path, time.perf_counter() - start

@@ -14,7 +14,7 @@ from pathlib import Path
 from torch import nn
 
 from analysis.io.fingerprint import model_fingerprint
-from analysis.io.latency_table import LatencyTable, load_table, save_table, table_path
+from analysis.io.latency_table import LatencyTable, load_table, probe_id, save_table, table_path
 from analysis.planning.plan import Planner
 from analysis.progress import progress_bar
 from analysis.runtimes.runtime import Runtime
@@ -74,11 +74,15 @@ def measure_table(
         table.dense_ms = runtime.measure(model, sample_shape, batch).median_ms
         save_table(path, table)
     with progress_bar(progress, total=len(todo), desc="latency table", unit="probe") as bar:
+        reference, last_group = 0.0, None
         for group, count in todo:
+            if group != last_group:  # the dense model again next to each group's probes: savings are relative to it
+                reference, last_group = runtime.measure(model, sample_shape, batch).median_ms, group
             member = planner.by_name[group]
             removal = [(member.module_name, planner.removed(group, count))]
             copy = jointly_pruned_copy(model, removal, example)
             table.probes.setdefault(group, {})[count] = runtime.measure(copy.eval(), sample_shape, batch).median_ms
+            table.references[probe_id(group, count)] = ("model", reference)
             save_table(path, table)  # a kill loses at most the probe in progress
             bar.update(1)
     return table, path, time.perf_counter() - start

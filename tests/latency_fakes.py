@@ -1,0 +1,68 @@
+"""Deterministic stand-ins for a latency runtime, shared by the latency tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from analysis import analysis_prune
+from analysis.runtimes.runtime import Runtime
+from analysis.runtimes.timing import Latency
+from analysis.structure.flops import count_cost
+
+from helpers import batches, pseudo_labelled
+
+
+class MacsRuntime(Runtime):
+    """A deterministic runtime: latency = a fixed overhead plus the model's MACs (in millions), optionally with an
+    extra cost per layer whose channel count is not a multiple of 4 (as real kernels prefer aligned widths)."""
+
+    name = "fake"
+    device = "fake device"
+
+    def __init__(
+        self, example: torch.Tensor, misaligned_ms: float = 0.0, fail_after: int | None = None, power: float = 1.0
+    ) -> None:
+        self.example, self.misaligned_ms, self.fail_after, self.power = example, misaligned_ms, fail_after, power
+        self.calls = 0
+
+    def latency_of(self, model: nn.Module, sample_shape: Sequence[int] | None = None) -> float:
+        sample = self.example[:1] if sample_shape is None else torch.zeros(1, *sample_shape)
+        macs = count_cost(model, sample).macs
+        convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+        misaligned = sum(m.out_channels % 4 != 0 for m in convs)
+        return 0.5 + (macs / 1e4) ** self.power + self.misaligned_ms * misaligned
+
+    def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise KeyboardInterrupt  # the run is killed in the middle of the table
+        return Latency(self.name, self.device, batch, self.latency_of(model, sample_shape), 0.0, 1)
+
+
+def analysed(model: nn.Module, path: Path) -> Path:
+    data = pseudo_labelled(model, batches(count=2))
+    analysis_prune(model, data, path, pruned_ratios=(0.25, 0.5, 0.75), progress=False)
+    return path
+
+
+class PhasedRuntime(MacsRuntime):
+    """:class:`MacsRuntime` on a machine whose speed changes (as other jobs come and go) each time one of the
+    ``markers`` (by ``repr`` and input shape) is measured, and stays put until the next: latency times 1, then 0.6
+    and 1.8 in turn. A table that takes savings relative to a reference measured just before them is unaffected."""
+
+    FACTORS = (1.0, 1.8, 0.6)
+
+    def __init__(self, example: torch.Tensor, markers: set[str]) -> None:
+        super().__init__(example)
+        self.markers, self.phase = markers, 0
+
+    def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
+        if f"{model!r} @ {tuple(sample_shape)}" in self.markers:
+            self.phase += 1
+        steady = super().measure(model, sample_shape, batch)
+        factor = self.FACTORS[0] if self.phase == 0 else self.FACTORS[1 + self.phase % 2]
+        return Latency(steady.runtime, steady.device, batch, steady.median_ms * factor, 0.0, 1)
