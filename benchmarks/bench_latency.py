@@ -270,19 +270,23 @@ def bench_row(
     print(f"  latency plan: {row.latency_planned_ms:.3f} ms measured, {row.latency_predicted_ms:.3f} predicted, "
           f"goal {row.goal_ms:.3f}, {len(row.attempts)} attempt(s), table {row.table_seconds:.1f} s",
           flush=True)  # fmt: skip
-    macs_plan = macs_plan_at(inputs, record, runtime, row.batch, outcome.measured_ms, row.latency_macs_reduction,
-                             args.tolerance, row.macs_search)  # fmt: skip
-    row.macs_target, row.macs_macs_reduction = macs_plan.target, macs_reduction(macs_plan)
-    print(f"  MACs plan: target {row.macs_target:.3f} after {len(row.macs_search)} measured candidates", flush=True)
-    copies = {
-        "dense": model,
-        "latency": jointly_pruned_copy(model, plan.removals(), example).eval(),
-        "macs": jointly_pruned_copy(model, macs_plan.removals(), example).eval(),
-    }
+    macs_plan: Plan | None = None
+    try:
+        macs_plan = macs_plan_at(inputs, record, runtime, row.batch, outcome.measured_ms, row.latency_macs_reduction,
+                                 args.tolerance, row.macs_search)  # fmt: skip
+    except UserError as error:  # the latency plan is still measured and scored
+        row.status, row.message = "MACs plan unreachable", str(error)
+        print(f"  MACs plan unreachable: {error}", flush=True)
+    copies = {"dense": model, "latency": jointly_pruned_copy(model, plan.removals(), example).eval()}
+    if macs_plan is not None:
+        row.macs_target, row.macs_macs_reduction = macs_plan.target, macs_reduction(macs_plan)
+        print(f"  MACs plan: target {row.macs_target:.3f} after {len(row.macs_search)} measured candidates", flush=True)
+        copies["macs"] = jointly_pruned_copy(model, macs_plan.removals(), example).eval()
     row.interleaved_runs = interleaved(inputs, runtime, row.batch, copies, args.rounds)
     row.interleaved_ms = {name: statistics.median(runs) for name, runs in row.interleaved_runs.items()}
     if trained:
-        row.latency_top1, row.macs_top1 = top1(inputs, plan), top1(inputs, macs_plan)
+        row.latency_top1 = top1(inputs, plan)
+        row.macs_top1 = top1(inputs, macs_plan) if macs_plan is not None else {}
     error = row.prediction_error
     assert error is not None
     row.goals = {
@@ -290,7 +294,7 @@ def bench_row(
         "meets budget": row.interleaved_ms["latency"] <= row.goal_ms,
         # the goal comes from the table's dense measurement; side by side the dense model may measure otherwise
         "cut side by side": row.interleaved_ms["latency"] <= (1.0 - args.reduction) * row.interleaved_ms["dense"],
-        "top1 >= MACs plan": row.latency_top1["bn"] >= row.macs_top1["bn"] if trained else None,
+        "top1 >= MACs plan": row.latency_top1["bn"] >= row.macs_top1["bn"] if trained and row.macs_top1 else None,
         "table < analysis": row.table_seconds < (row.analysis_seconds or 0.0),
     }
 
@@ -349,7 +353,7 @@ HEADER = (
 def line(row: Row) -> str:
     """The row as a Markdown table line."""
     head = f"| {row.model} | {row.runtime}:{row.batch} | {row.table} | "
-    if row.status != "ok":
+    if not row.interleaved_ms:  # the latency plan failed
         seconds = (
             f"{row.table_seconds:.1f}" if row.table_seconds is not None else f"(plan {row.latency_plan_seconds:.1f})"
         )
@@ -358,9 +362,11 @@ def line(row: Row) -> str:
     return (
         head + f"{_ms(measured['dense'])} | {_ms(row.goal_ms)} | {_ms(row.latency_predicted_ms)} / "
         f"{_ms(measured['latency'])} ({_pct(row.prediction_error)}, {_pct(row.first_prediction_error)}) | "
-        f"{len(row.attempts)} | {_ms(measured['macs'])} | {_pct(row.latency_macs_reduction)} / "
+        f"{len(row.attempts)} | {_ms(measured.get('macs')) or 'unreachable'} | {_pct(row.latency_macs_reduction)} / "
         f"{_pct(row.macs_macs_reduction)} | {_top1(row.latency_top1)} | {_top1(row.macs_top1)} | "
-        f"{row.table_seconds:.1f} / {row.analysis_seconds:.1f} | {_goals(row)} |"
+        f"{row.table_seconds:.1f} / {row.analysis_seconds:.1f} | {_goals(row)}"
+        + (f" ({row.status}: {row.message})" if row.status != "ok" else "")
+        + " |"
     )
 
 
