@@ -93,12 +93,14 @@ def plan_for_latency(
             except UserError:
                 if not outcome.attempts:
                     raise  # the table alone says the analysed ratios cannot reach it
-                measured_so_far = ", ".join(f"{a['measured_ms']:.3f}" for a in outcome.attempts)
+                measured_so_far = ", ".join(f"{a['measured_ms']:.3f} (dense {a['dense_ms']:.3f})"
+                                            for a in outcome.attempts)  # fmt: skip
+                wanted = f"{goal:.3f} ms" if reduction is None else f"{reduction:.1%} less than the dense model"
                 raise UserError(
-                    f"The latency goal {goal:.3f} ms (dense {latency.dense_ms:.3f} ms on {runtime.device}, batch "
-                    f"{batch}) was not reached: the plans measured {measured_so_far} ms, and pruning the analysed "
-                    "ratios saves less on this runtime than the table predicted; lower the target, analyse larger "
-                    "ratios, or measure at a larger SensitivityAnalysis.latency_batch."
+                    f"The latency goal ({wanted} on {runtime.device}, batch {batch}) was not reached: the plans "
+                    f"measured {measured_so_far} ms, and pruning the analysed ratios saves less on this runtime than "
+                    "the table predicted; lower the target, analyse larger ratios, or measure at a larger "
+                    "SensitivityAnalysis.latency_batch."
                 ) from None
             picks = {group.members[0]: len(group.removed) for group in plan.groups}
             copy = jointly_pruned_copy(model, plan.removals(), example_input) if plan.groups else model
