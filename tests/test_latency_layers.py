@@ -16,7 +16,7 @@ from analysis.io.latency_table import LatencyTable, load_table, save_table
 from analysis.io.record import load_record
 from analysis.io.results import load_sidecar
 from analysis.planning.plan import Planner, open_planner
-from analysis.runtimes.layers import changed_layers, layer_calls, measure_layer_table
+from analysis.runtimes.layers import JointLayerSavings, changed_layers, layer_calls, measure_layer_table
 from analysis.runtimes.probes import measure_table, table_key
 from analysis.runtimes.timing import Latency
 from analysis.structure.criteria import allowed_counts
@@ -156,6 +156,44 @@ def test_layer_savings_are_relative_to_the_dense_shape_measured_beside_them(sett
         assert resumed.layer_saving(dense, pruned) == pytest.approx(expected, rel=1e-9, abs=1e-12)
         plain_wrong += resumed.layers[dense] - resumed.layers[pruned] != pytest.approx(expected, rel=1e-6)
     assert plain_wrong >= 1  # the restart case was exercised
+
+
+def test_a_whole_plans_layer_saving_counts_convs_between_two_pruned_groups_once(setting: Any) -> None:
+    """On the additive fake runtime (latency = overhead + MACs) the joint layer saving of several groups pruned at
+    once equals what the jointly pruned model saves exactly, while the groups' savings alone add up to more (a conv
+    losing input channels to one group and filters to another is counted twice by the sum)."""
+    model, example, path = setting
+    runtime = MacsRuntime(example)
+    with eval_mode(model):
+        planner, counts = planned(model, example, path)
+        table, file, _ = measure_layer_table(planner, counts, runtime, 1, path, progress=False)
+        picks = {group: max(found) for group, found in counts.items()}
+        removals = [(planner.by_name[g].module_name, planner.removed(g, c)) for g, c in picks.items()]
+        exact = runtime.latency_of(model) - runtime.latency_of(jointly_pruned_copy(model, removals, example))
+        joint = JointLayerSavings(planner, table, runtime, 1, file)
+        before = runtime.calls
+        assert joint(picks) == pytest.approx(exact, rel=1e-9)
+        assert runtime.calls > before  # the joint shapes were timed on demand
+        assert sum(table.saving(g, c) for g, c in picks.items()) > exact * 1.01
+        again = runtime.calls
+        assert joint(picks) == pytest.approx(exact, rel=1e-9) and runtime.calls == again  # and cached
+    assert load_table(file, table.key).layers == table.layers
+
+
+def test_a_layer_table_plan_is_predicted_with_its_interactions(setting: Any) -> None:
+    """The plan's prediction is its joint layer saving: exact on the additive fake, where the groups' savings alone
+    summed over-promise for the same plan."""
+    model, example, path = setting
+    plan = plan_for_latency(model, example, load_record(path), MacsRuntime(example), reduction=0.7, table="layers")
+    assert plan.latency is not None
+    first = plan.latency.attempts[0]
+    assert first["predicted_ms"] == pytest.approx(first["measured_ms"], rel=1e-9)
+    table_file = Path(plan.latency.table_file)
+    table = load_table(table_file, json.loads(table_file.read_text())["key"])
+    picks = {group.members[0]: len(group.removed) for group in plan.groups}
+    summed = table.dense_ms - sum(table.saving(g, c) for g, c in picks.items())
+    assert summed < plan.latency.measured_ms * 0.99
+    assert all(a["predicted_ms"] == pytest.approx(a["measured_ms"], rel=1e-9) for a in plan.latency.attempts)
 
 
 def test_a_table_file_without_layers_loads_and_a_model_table_writes_none(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ earlier plans showed (the savings of groups pruned together are not exactly addi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -25,6 +25,9 @@ class LatencyModel:
 
     table: LatencyTable
     scale: float = 1.0
+    joint: Callable[[Mapping[str, int]], float] | None = None
+    """What a whole plan saves unscaled, with the groups' interactions (a layer-level table's
+    :class:`~analysis.runtimes.layers.JointLayerSavings`); None: the sum of the groups' savings alone."""
 
     @property
     def dense_ms(self) -> float:
@@ -40,9 +43,21 @@ class LatencyModel:
         """The predicted latency with every ``{group: count}`` pruned at once."""
         return self.dense_ms - sum(self.saved(group, count) for group, count in picks.items())
 
+    def plan_saving(self, picks: Mapping[str, int]) -> float:
+        """The unscaled saving of a whole plan: :attr:`joint`'s when there is one, else the groups' savings summed."""
+        if self.joint is not None:
+            return self.joint(picks)
+        return sum(self.table.saving(group, count) for group, count in picks.items())
+
+    def plan_ms(self, picks: Mapping[str, int]) -> float:
+        """The predicted latency of a chosen plan (with the groups' interactions when :attr:`joint` gives them; the
+        knapsack plans on the summed :meth:`predicted_ms`)."""
+        return self.dense_ms - self.scale * self.plan_saving(picks)
+
     def fitted(self, picks: Mapping[str, int], measured_ms: float) -> LatencyModel:
-        """The model rescaled so that it predicts ``measured_ms`` for ``picks`` (within :data:`SCALE_RANGE`)."""
-        unscaled = sum(self.table.saving(group, count) for group, count in picks.items())
+        """The model rescaled so that its :meth:`plan_ms` is ``measured_ms`` for ``picks`` (within
+        :data:`SCALE_RANGE`)."""
+        unscaled = self.plan_saving(picks)
         if unscaled <= 0:
             return self
         low, high = SCALE_RANGE

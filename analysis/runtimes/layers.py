@@ -125,13 +125,25 @@ def changed_layers(
     planner: Planner, calls: Mapping[str, list[LayerShape]], group: str, count: int
 ) -> list[tuple[LayerShape, LayerShape]]:
     """The ``(dense, pruned)`` shape of every layer call that ``group`` alone at ``count`` channels changes."""
-    delta = planner.pick_delta((group, count)).removed
+    return jointly_changed_layers(planner, calls, {group: count})
+
+
+def jointly_changed_layers(
+    planner: Planner, calls: Mapping[str, list[LayerShape]], picks: Mapping[str, int]
+) -> list[tuple[LayerShape, LayerShape]]:
+    """The ``(dense, pruned)`` shape of every layer call that the ``{ranking param: count}`` picks pruned at once
+    change (groups take disjoint channels, so a layer loses what each pick takes from it, added up per dimension)."""
+    removed: dict[int, list[int]] = {}
+    for param, count in picks.items():
+        if count:
+            for key, (_, per_dim) in planner.pick_delta((param, count)).removed.items():
+                total = removed.setdefault(key, [0] * len(per_dim))
+                removed[key] = [a + b for a, b in zip(total, per_dim, strict=True)]
     changed = []
     for name, shapes in calls.items():
-        weight = planner.model.get_submodule(name).weight
-        entry = delta.get(id(weight))
-        if entry is not None and any(entry[1]):
-            changed += [(shape, shape.pruned(entry[1])) for shape in shapes]
+        entry = removed.get(id(planner.model.get_submodule(name).weight))
+        if entry is not None and any(entry):
+            changed += [(shape, shape.pruned(entry)) for shape in shapes]
     return changed
 
 
@@ -165,31 +177,54 @@ def measure_layer_table(
     calls = layer_calls(model, example)
     changes = {(group, count): changed_layers(planner, calls, group, count) for group, found in counts.items()
                for count in found}  # fmt: skip
-    pending: dict[str, tuple[LayerShape, dict[str, LayerShape]]] = {}  # dense shape -> pruned shapes to measure
-    for pairs in changes.values():
-        for dense, pruned in pairs:
-            entry = pending.setdefault(dense.key, (dense, {}))
-            if pruned.key not in table.layers:
-                entry[1][pruned.key] = pruned
-    seen: set[str] = set()
-    for _, pruned_shapes in pending.values():  # a pruned shape shared by two layers is measured once
-        for name in [name for name in pruned_shapes if name in seen]:
-            del pruned_shapes[name]
-        seen.update(pruned_shapes)
-    work = {name: entry for name, entry in pending.items() if entry[1] or name not in table.layers}
-    todo = sum(1 + len(pruned_shapes) for _, pruned_shapes in work.values())
+    pairs = [pair for found in changes.values() for pair in found]
+    todo = _pending(table, pairs)
     start = time.perf_counter()
     if table.dense_ms is None or todo:
         cached = len(table.layers)
+        measurements = sum(1 + len(pruned) for _, pruned in todo.values())
         logger.info(
             "Layer latency table on %s (batch %d): %d layer timing(s) to measure%s, for %d probe(s).", runtime.device,
-            batch, todo, f", {cached} shape(s) cached in {path.name}" if cached else "", len(changes),
+            batch, measurements, f", {cached} shape(s) cached in {path.name}" if cached else "", len(changes),
         )  # fmt: skip
     if table.dense_ms is None:
         table.dense_ms = runtime.measure(model, sample_shape, batch).median_ms
         save_table(path, table)
-    with progress_bar(progress, total=todo, desc="layer latency table", unit="layer") as bar:
-        for name, (dense, pruned_shapes) in work.items():
+    _measure(table, todo, runtime, batch, path, progress)
+    for (group, count), changed in changes.items():
+        saving = sum(table.layer_saving(dense.key, pruned.key) for dense, pruned in changed)
+        table.probes.setdefault(group, {})[count] = table.dense_ms - saving
+    save_table(path, table)
+    return table, path, time.perf_counter() - start
+
+
+def _pending(table: LatencyTable, pairs: Sequence[tuple[LayerShape, LayerShape]]
+             ) -> dict[str, tuple[LayerShape, dict[str, LayerShape]]]:  # fmt: skip
+    """Per dense shape (by key), the pruned shapes of ``pairs`` the table lacks (each once, under its first dense
+    shape); dense shapes the table lacks are included with none."""
+    pending: dict[str, tuple[LayerShape, dict[str, LayerShape]]] = {}
+    seen: set[str] = set()
+    for dense, pruned in pairs:
+        entry = pending.setdefault(dense.key, (dense, {}))
+        if pruned.key not in table.layers and pruned.key not in seen:
+            entry[1][pruned.key] = pruned
+            seen.add(pruned.key)
+    return {name: entry for name, entry in pending.items() if entry[1] or name not in table.layers}
+
+
+def _measure(
+    table: LatencyTable,
+    todo: Mapping[str, tuple[LayerShape, Mapping[str, LayerShape]]],
+    runtime: Runtime,
+    batch: int,
+    path: Path,
+    progress: bool | None,
+) -> None:
+    """Time each dense shape of ``todo``, then its pruned shapes right after it (their reference), saving the table
+    after each timing (a kill loses at most the one in progress)."""
+    total = sum(1 + len(pruned) for _, pruned in todo.values())
+    with progress_bar(progress, total=total, desc="layer latency table", unit="layer") as bar:
+        for name, (dense, pruned_shapes) in todo.items():
             reference = runtime.measure(dense.build(), dense.sample, batch).median_ms  # next to its pruned shapes
             table.layers.setdefault(name, reference)
             save_table(path, table)
@@ -197,10 +232,35 @@ def measure_layer_table(
             for pruned_name, pruned in pruned_shapes.items():
                 table.layers[pruned_name] = runtime.measure(pruned.build(), pruned.sample, batch).median_ms
                 table.references[pruned_name] = (name, reference)
-                save_table(path, table)  # a kill loses at most the layer in progress
+                save_table(path, table)
                 bar.update(1)
-    for (group, count), pairs in changes.items():
-        saving = sum(table.layer_saving(dense.key, pruned.key) for dense, pruned in pairs)
-        table.probes.setdefault(group, {})[count] = table.dense_ms - saving
-    save_table(path, table)
-    return table, path, time.perf_counter() - start
+
+
+@dataclass
+class JointLayerSavings:
+    """What a whole plan saves by the layer-level table: every layer at the shape all its groups' removals leave it
+    (a conv between two pruned groups loses input and output channels at once), timed on demand beside its dense
+    shape and cached in the table's file; the sum of those layers' savings.
+
+    Attributes:
+        planner: The plan's planner.
+        table: The layer-level table (extended with the joint shapes it measures).
+        runtime: Where layers are timed.
+        batch: Images per call.
+        path: The table's file.
+    """
+
+    planner: Planner
+    table: LatencyTable
+    runtime: Runtime
+    batch: int
+    path: Path
+
+    def __post_init__(self) -> None:
+        self.calls = layer_calls(self.planner.model, self.planner.example_input)
+
+    def __call__(self, picks: Mapping[str, int]) -> float:
+        """The saving (ms, unscaled) with every ``{group key: count}`` pruned at once."""
+        pairs = jointly_changed_layers(self.planner, self.calls, picks)
+        _measure(self.table, _pending(self.table, pairs), self.runtime, self.batch, self.path, progress=False)
+        return sum(self.table.layer_saving(dense.key, pruned.key) for dense, pruned in pairs)

@@ -20,7 +20,7 @@ from analysis.planning.latency import LatencyModel, LatencyOutcome
 from analysis.planning.measured import PlanScoring, SearchSettings, search_plan
 from analysis.planning.plan import Plan, Planner, open_planner, summed_prediction_notice
 from analysis.planning.verify import RuntimeLatency
-from analysis.runtimes.layers import measure_layer_table
+from analysis.runtimes.layers import JointLayerSavings, measure_layer_table
 from analysis.runtimes.onnx_export import missing_modules
 from analysis.runtimes.probes import measure_table
 from analysis.runtimes.runtime import Runtime, make_runtime
@@ -71,7 +71,8 @@ def plan_for_latency(
         counts = planner.probe_counts(options, record.sensitivities)
         measure = {"model": measure_table, "layers": measure_layer_table}[table]
         latency_table, path, seconds = measure(planner, counts, runtime, batch, record.path, progress)
-        latency = LatencyModel(latency_table)
+        joint = JointLayerSavings(planner, latency_table, runtime, batch, path) if table == "layers" else None
+        latency = LatencyModel(latency_table, joint=joint)
         goal = goal_ms if goal_ms is not None else latency.dense_ms * (1.0 - float(reduction or 0.0))
         if not 0.0 < goal < latency.dense_ms:
             raise UserError(
@@ -106,7 +107,7 @@ def plan_for_latency(
             copy = jointly_pruned_copy(model, plan.removals(), example_input) if plan.groups else model
             dense_now = runtime.measure(model, sample_shape, batch).median_ms  # the machine's speed right now
             measured = runtime.measure(copy.eval(), sample_shape, batch).median_ms
-            predicted = latency.predicted_ms(picks)
+            predicted = latency.plan_ms(picks)
             outcome.attempts.append({"target_reduction": round(target, 6), "predicted_ms": predicted,
                                      "measured_ms": measured, "dense_ms": dense_now,
                                      "scale": latency.scale})  # fmt: skip
