@@ -175,6 +175,24 @@ class CommandRuntime(Runtime):
         return value
 
 
+PAIRED_ROUNDS = 2
+"""Rounds of :func:`measure_pair`: in the order A B, B A, so a machine that speeds up or slows down steadily hits
+both alike."""
+
+
+def measure_pair(
+    runtime: Runtime, first: nn.Module, second: nn.Module, sample_shape: Sequence[int], batch: int
+) -> tuple[float, float]:
+    """The latency of two models measured side by side (:data:`PAIRED_ROUNDS` rounds, order alternating), each the
+    lowest of its medians: what a comparison of two models on a shared machine should rest on."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for round_index in range(PAIRED_ROUNDS):
+        order = (0, 1) if round_index % 2 == 0 else (1, 0)
+        for index in order:
+            times[index].append(runtime.measure((first, second)[index].eval(), sample_shape, batch).median_ms)
+    return min(times[0]), min(times[1])
+
+
 def make_runtime(
     name: str, device: torch.device, command: str | None = None, pattern: str | None = None, key: str = "runtime"
 ) -> Runtime:

@@ -23,7 +23,7 @@ from analysis.planning.verify import RuntimeLatency
 from analysis.runtimes.layers import JointLayerSavings, measure_layer_table
 from analysis.runtimes.onnx_export import missing_modules
 from analysis.runtimes.probes import measure_table
-from analysis.runtimes.runtime import Runtime, make_runtime
+from analysis.runtimes.runtime import Runtime, make_runtime, measure_pair
 from analysis.structure.groups import eval_mode
 from analysis.structure.physical import jointly_pruned_copy
 
@@ -105,8 +105,7 @@ def plan_for_latency(
                 ) from None
             picks = {group.members[0]: len(group.removed) for group in plan.groups}
             copy = jointly_pruned_copy(model, plan.removals(), example_input) if plan.groups else model
-            dense_now = runtime.measure(model, sample_shape, batch).median_ms  # the machine's speed right now
-            measured = runtime.measure(copy.eval(), sample_shape, batch).median_ms
+            dense_now, measured = measure_pair(runtime, model, copy, sample_shape, batch)  # the machine's speed now
             predicted = latency.plan_ms(picks)
             outcome.attempts.append({"target_reduction": round(target, 6), "predicted_ms": predicted,
                                      "measured_ms": measured, "dense_ms": dense_now,
@@ -162,10 +161,6 @@ def _plan(
         return search_plan(planner, options, record, target, method.scoring, method.search, method.progress)
 
 
-VERIFY_ROUNDS = 2
-"""Interleaved rounds (dense, pruned) when ``verify`` times a plan on its runtime; each keeps its lowest median."""
-
-
 def wants_runtime_latency(config: Config, plan: Plan) -> bool:
     """Whether ``verify`` also times the plan on the latency runtime: for a latency plan, and whenever
     ``SensitivityAnalysis.latency_runtime`` names one (torch eager is timed at batch 1 and 32 anyway)."""
@@ -175,17 +170,14 @@ def wants_runtime_latency(config: Config, plan: Plan) -> bool:
 def runtime_latency(
     config: Config, plan: Plan, model: nn.Module, pruned: nn.Module, example_input: torch.Tensor
 ) -> RuntimeLatency:
-    """The dense and the pruned model timed on the config's latency runtime at ``latency_batch`` (interleaved,
-    :data:`VERIFY_ROUNDS` rounds), with the plan's prediction when it was planned on that runtime and batch."""
+    """The dense and the pruned model timed side by side on the config's latency runtime at ``latency_batch``
+    (:func:`~analysis.runtimes.runtime.measure_pair`), with the plan's prediction when it was planned on that runtime
+    and batch."""
     runtime = latency_runtime(config, example_input.device)
     batch = config.SensitivityAnalysis.latency_batch
-    shape = tuple(example_input.shape[1:])
-    times: dict[str, list[float]] = {"dense": [], "pruned": []}
-    for _ in range(VERIFY_ROUNDS):
-        for name, candidate in (("dense", model), ("pruned", pruned)):
-            times[name].append(runtime.measure(candidate.eval(), shape, batch).median_ms)
+    dense_ms, pruned_ms = measure_pair(runtime, model, pruned, tuple(example_input.shape[1:]), batch)
     outcome = plan.latency
     same = outcome is not None and (outcome.runtime, outcome.device, outcome.batch) == (runtime.name, runtime.device,
                                                                                           batch)  # fmt: skip
     predicted = outcome.predicted_ms if same and outcome is not None else None
-    return RuntimeLatency(runtime.name, runtime.device, batch, min(times["dense"]), min(times["pruned"]), predicted)
+    return RuntimeLatency(runtime.name, runtime.device, batch, dense_ms, pruned_ms, predicted)
