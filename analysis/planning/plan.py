@@ -1,4 +1,5 @@
-"""Budget plans: per-group pruning ratios that reach a MACs (or params) reduction with the least predicted loss.
+"""Budget plans: per-group pruning ratios that reach a MACs, params or latency reduction (or several at once) with
+the least predicted loss.
 
 The analysis file gives each param's loss at the measured ratios. A group of coupled params (a residual chain)
 can only lose one set of channels, so it is one decision with one ratio; its options are every channel count from
