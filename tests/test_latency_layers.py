@@ -182,7 +182,7 @@ def test_a_whole_plans_layer_saving_counts_convs_between_two_pruned_groups_once(
 
 def test_a_layer_table_plan_is_predicted_with_its_interactions(setting: Any) -> None:
     """The plan's prediction is its joint layer saving: exact on the additive fake, where the groups' savings alone
-    summed over-promise for the same plan."""
+    summed over-promise for the same plan; a plan it predicts to miss is not measured."""
     model, example, path = setting
     plan = plan_for_latency(model, example, load_record(path), MacsRuntime(example), reduction=0.7, table="layers")
     assert plan.latency is not None
@@ -193,7 +193,8 @@ def test_a_layer_table_plan_is_predicted_with_its_interactions(setting: Any) -> 
     picks = {group.members[0]: len(group.removed) for group in plan.groups}
     summed = table.dense_ms - sum(table.saving(g, c) for g, c in picks.items())
     assert summed < plan.latency.measured_ms * 0.99
-    assert all(a["predicted_ms"] == pytest.approx(a["measured_ms"], rel=1e-9) for a in plan.latency.attempts)
+    # the whole-plan prediction said the knapsack's first plans missed: raised before measuring, one plan measured
+    assert len(plan.latency.attempts) == 1 and plan.latency.met and first["target_reduction"] > 0.7
 
 
 def test_a_table_file_without_layers_loads_and_a_model_table_writes_none(tmp_path: Path) -> None:
