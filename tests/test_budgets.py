@@ -221,7 +221,7 @@ def test_the_command_line_plans_latency_and_params_with_the_measured_method(
     latency and the params budget, as measured, and the sidecar says how it was chosen."""
     script = tmp_path / "size.py"
     script.write_text(SIZE_SCRIPT)
-    analysis = {"pruned_ratios": [0.25, 0.5, 0.75], "report": False}
+    analysis = {"pruned_ratios": [0.25, 0.5, 0.75]}
     config = analysis_config(tmp_path, list_data, "slow_cnn", analysis, arch_kwargs={"delay": 0.0})
     result = cli("plan", "--config_path", config, "--target_latency_reduction", "0.3", "--target_params_reduction",
                  "0.35", "--runtime", "command", "--runtime_command", f"{sys.executable} {script} {{onnx}}",
@@ -232,3 +232,6 @@ def test_the_command_line_plans_latency_and_params_with_the_measured_method(
     assert plan["budgets"]["params"] == 0.35 and plan["budgets"]["latency"] == pytest.approx(0.3)
     note = " ".join(line.lstrip("# ") for line in (tmp_path / "out" / "s.pkl.plan.yaml").read_text().splitlines())
     assert "the best measured plan" in note
+    report = (tmp_path / "out" / "s.report.html").read_text()
+    assert "budgets: latency reduced by at least 30" in report and "params reduced by at least 35" in report
+    assert "measured side by side" in report and ": met after" in report

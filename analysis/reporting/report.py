@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import html
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -380,6 +380,19 @@ def _prediction(plan: PlanRecord) -> str:
     return "sum of the single-layer losses"
 
 
+def _latency_outcome(latency: Mapping[str, Any]) -> str:
+    """A latency plan's last attempt, as the sidecar keeps it: measured beside the dense model, predicted, the goal."""
+    attempts = latency.get("attempts") or [{}]
+    last = attempts[-1]
+    reduction = latency.get("goal_reduction")
+    goal = f"{percent(reduction)} less" if reduction is not None else f"{fixed(latency.get('goal_ms'), '.3f')} ms"
+    return (f"{latency.get('runtime')} on {latency.get('device')}, batch {latency.get('batch')}: dense "
+            f"{fixed(last.get('dense_ms'), '.3f')} ms -> {fixed(last.get('measured_ms'), '.3f')} ms measured side by "
+            f"side, predicted {fixed(last.get('predicted_ms'), '.3f')} ms (table's dense "
+            f"{fixed(latency.get('dense_ms'), '.3f')} ms); goal {goal}: {'met' if latency.get('met') else 'MISSED'} "
+            f"after {len(attempts)} plan(s) measured")  # fmt: skip
+
+
 def _plan_section(sidecar: Sidecar | None) -> str:
     """The pruning plan (``run.py plan``/``verify``): its groups, predicted against measured loss, cost and speed."""
     plan = sidecar.plan if sidecar is not None else None
@@ -389,6 +402,8 @@ def _plan_section(sidecar: Sidecar | None) -> str:
     target = plan.target
     what = (f"budget: {_e(plan.measure)} reduced by at least {percent(target)}" if target is not None
             else f"ratios from <code>{_e(plan.source)}</code>")  # fmt: skip
+    if plan.budgets:
+        what = "budgets: " + ", ".join(f"{_e(m)} reduced by at least {percent(r)}" for m, r in plan.budgets.items())
     check = verification.calibration_check if verification is not None else None
     unreliable = " UNRELIABLE: the calibration check failed (see above)." if check and check.reliable is False else ""
     warnings = []
@@ -406,6 +421,8 @@ def _plan_section(sidecar: Sidecar | None) -> str:
         predicted += unreliable
     rows = [("plan", what), ("method", _e(plan.method_description or plan.method or "-")),
             ("predicted loss", _e(predicted))]  # fmt: skip
+    if plan.latency:
+        rows.append(("latency plan", _e(_latency_outcome(plan.latency))))
     if verification is not None:
         measured, baseline, pruned = (verification.measured_loss or {}, verification.baseline or {},
                                       verification.pruned or {})  # fmt: skip
