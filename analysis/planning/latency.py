@@ -107,7 +107,7 @@ class LatencyOutcome:
     def measured_reduction(self) -> float:
         """How much faster the chosen plan measured than the dense model measured beside it."""
         last = self.attempts[-1]
-        return 1.0 - last["measured_ms"] / last.get("dense_ms", self.dense_ms)
+        return 1.0 - last["measured_ms"] / last["dense_ms"]
 
     @property
     def predicted_reduction(self) -> float:

@@ -58,7 +58,7 @@ def format_plan(result: PlanResult) -> str:
         goal = (f"{latency.goal_reduction:.1%} less" if latency.goal_reduction is not None
                 else f"{latency.goal_ms:.3f} ms")  # fmt: skip
         lines.append(
-            f"latency on {latency.device} (batch {latency.batch}): {last.get('dense_ms', latency.dense_ms):.3f} ms -> "
+            f"latency on {latency.device} (batch {latency.batch}): {last['dense_ms']:.3f} ms -> "
             f"measured {latency.measured_ms:.3f} ms side by side (-{latency.measured_reduction:.1%}; predicted "
             f"-{latency.predicted_reduction:.1%}, goal {goal}: {'met' if latency.met else 'MISSED'}; "
             f"{len(latency.attempts)} plan(s) measured; table {latency.table_seconds:.1f} s, {latency.table_file})"

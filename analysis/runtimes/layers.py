@@ -4,10 +4,10 @@ group's saving at a count is the sum over its changed layers of (dense layer - p
 is still measured once. Every layer timing is saved to the table's file as it finishes, so a killed build resumes
 without measuring it again.
 
-Each measurement is smaller than a whole-model probe but there are more of them (ResNet-18: 188 layer shapes for 96
-probes, about the same build time; README "Planning for latency"). It sees only the conv/linear layers: what the
-runtime saves around them (activations, adds, pooling, fusion) is not in the savings, and the plan's end-to-end
-measurement rescales the model for it.
+Each measurement is smaller than a whole-model probe but there are more of them (the build times of both kinds are
+in README "Planning for latency"). It sees only the conv/linear layers: what the runtime saves around them
+(activations, adds, pooling, fusion) is not in the savings, and the plan's end-to-end measurement rescales the model
+for it.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from analysis.io.latency_table import LatencyTable, load_table, save_table, table_path
+from analysis.io.latency_table import LatencyTable, save_table
 from analysis.planning.plan import Planner
 from analysis.progress import progress_bar
-from analysis.runtimes.probes import table_key
+from analysis.runtimes.probes import measure_dense, open_table
 from analysis.runtimes.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -169,12 +169,8 @@ def measure_layer_table(
     Returns:
         The table, its file, and the seconds spent measuring in this call.
     """
-    model, example = planner.model, planner.example_input
-    sample_shape = tuple(example.shape[1:])
-    key = {**table_key(runtime, model, sample_shape, batch), "table": "layers"}
-    path = table_path(analysis_file, key)
-    table = load_table(path, key)
-    calls = layer_calls(model, example)
+    table, path = open_table(planner, runtime, batch, analysis_file, kind="layers")
+    calls = layer_calls(planner.model, planner.example_input)
     changes = {(group, count): changed_layers(planner, calls, group, count) for group, found in counts.items()
                for count in found}  # fmt: skip
     pairs = [pair for found in changes.values() for pair in found]
@@ -187,13 +183,11 @@ def measure_layer_table(
             "Layer latency table on %s (batch %d): %d layer timing(s) to measure%s, for %d probe(s).", runtime.device,
             batch, measurements, f", {cached} shape(s) cached in {path.name}" if cached else "", len(changes),
         )  # fmt: skip
-    if table.dense_ms is None:
-        table.dense_ms = runtime.measure(model, sample_shape, batch).median_ms
-        save_table(path, table)
+    dense_ms = measure_dense(table, path, planner, runtime, batch)
     _measure(table, todo, runtime, batch, path, progress)
     for (group, count), changed in changes.items():
         saving = sum(table.layer_saving(dense.key, pruned.key) for dense, pruned in changed)
-        table.probes.setdefault(group, {})[count] = table.dense_ms - saving
+        table.probes.setdefault(group, {})[count] = dense_ms - saving
     save_table(path, table)
     return table, path, time.perf_counter() - start
 

@@ -36,6 +36,26 @@ def table_key(runtime: Runtime, model: nn.Module, sample_shape: Sequence[int], b
     }
 
 
+def open_table(
+    planner: Planner, runtime: Runtime, batch: int, analysis_file: str | Path, kind: str | None = None
+) -> tuple[LatencyTable, Path]:
+    """The cached table of ``planner``'s model on ``runtime`` at ``batch`` beside ``analysis_file`` (empty when
+    there is none), and its file; ``kind`` (e.g. ``layers``) joins the key, so tables of other kinds never mix."""
+    key = table_key(runtime, planner.model, tuple(planner.example_input.shape[1:]), batch)
+    if kind is not None:
+        key["table"] = kind
+    path = table_path(analysis_file, key)
+    return load_table(path, key), path
+
+
+def measure_dense(table: LatencyTable, path: Path, planner: Planner, runtime: Runtime, batch: int) -> float:
+    """The whole dense model's latency in ``table``, measured into it (and its file) unless it is there already."""
+    if table.dense_ms is None:
+        table.dense_ms = runtime.measure(planner.model, tuple(planner.example_input.shape[1:]), batch).median_ms
+        save_table(path, table)
+    return table.dense_ms
+
+
 def measure_table(
     planner: Planner,
     counts: Mapping[str, Sequence[int]],
@@ -59,9 +79,7 @@ def measure_table(
     """
     model, example = planner.model, planner.example_input
     sample_shape = tuple(example.shape[1:])
-    key = table_key(runtime, model, sample_shape, batch)
-    path = table_path(analysis_file, key)
-    table = load_table(path, key)
+    table, path = open_table(planner, runtime, batch, analysis_file)
     todo = [(group, count) for group, found in counts.items() for count in found if not table.measured(group, count)]
     start = time.perf_counter()
     if table.dense_ms is None or todo:
@@ -70,9 +88,7 @@ def measure_table(
             "Latency table on %s (batch %d): %d probe(s) to measure%s.", runtime.device, batch, len(todo),
             f", {done} cached in {path.name}" if done else "",
         )  # fmt: skip
-    if table.dense_ms is None:
-        table.dense_ms = runtime.measure(model, sample_shape, batch).median_ms
-        save_table(path, table)
+    measure_dense(table, path, planner, runtime, batch)
     with progress_bar(progress, total=len(todo), desc="latency table", unit="probe") as bar:
         reference, last_group = 0.0, None
         for group, count in todo:

@@ -33,7 +33,7 @@ from analysis.metrics import LABEL_FREE_METRICS
 from analysis.planning.estimates import estimate_notice
 from analysis.planning.export import export_pruned
 from analysis.planning.measured import PlanScoring, SearchSettings, build_measured_plan
-from analysis.planning.plan import build_plan, plan_from_ratios
+from analysis.planning.plan import Plan, build_plan, plan_from_ratios
 from analysis.planning.result import PlanResult
 from analysis.planning.verify import CalibrationCheck, check_calibration, verify_plan
 from analysis.runtimes.onnx_export import check_onnx, export_onnx, missing_modules
@@ -110,32 +110,29 @@ def run_plan_step(
     targets = budgets(config)
     if ratios_file is None and targets:
         also = {measure: value for measure, value in targets.items() if measure in ("macs", "params")}
+        method = None
+        if s.plan_method == "measured":
+            search = SearchSettings(evaluations=s.eval_budget, seed=config.Global.seed)
+            method = MeasuredMethod(_scoring(inputs, search, config.Global.seed), search, progress)
         if "latency" in targets or "latency_ms" in targets:
             runtime = latency_runtime(config, example.device)
-            method = None
-            if s.plan_method == "measured":
-                search = SearchSettings(evaluations=s.eval_budget, seed=config.Global.seed)
-                method = MeasuredMethod(_scoring(inputs, search, config.Global.seed), search, progress)
             plan = plan_for_latency(model, example, record, runtime, reduction=targets.get("latency"),
                                     goal_ms=targets.get("latency_ms"), batch=s.latency_batch, progress=progress,
                                     also=also, measured_method=method, table=s.latency_table)  # fmt: skip
             assert plan.latency is not None
-            chosen = (f"the best measured plan (loss {plan.predicted_loss:.4f} measured with all groups pruned at once)"
-                      if method else f"the smallest summed predicted loss ({plan.predicted_loss:.4f})")  # fmt: skip
-            how = (f"{chosen}; latency measured on {runtime.device}: {plan.latency.measured_ms:.3f} ms (dense "
-                   f"{plan.latency.dense_ms:.3f} ms, predicted {plan.latency.predicted_ms:.3f} ms)")  # fmt: skip
+            how = (f"{_chosen(plan, method)}; latency measured on {runtime.device}: "
+                   f"{plan.latency.measured_ms:.3f} ms (dense {plan.latency.dense_ms:.3f} ms, predicted "
+                   f"{plan.latency.predicted_ms:.3f} ms)")  # fmt: skip
             targets = {"latency": 1.0 - plan.latency.goal_ms / plan.latency.dense_ms, **also}
         else:
             measure, value = next(iter(also.items()))
             also.pop(measure)
-            if s.plan_method == "measured":
-                search = SearchSettings(evaluations=s.eval_budget, seed=config.Global.seed)
-                scoring = _scoring(inputs, search, config.Global.seed)
-                plan = build_measured_plan(model, example, record, value, scoring, measure, search, progress, also)
-                how = f"the best measured plan (loss {plan.predicted_loss:.4f} measured with all groups pruned at once)"
+            if method is not None:
+                plan = build_measured_plan(model, example, record, value, method.scoring, measure, method.search,
+                                           progress, also)  # fmt: skip
             else:
                 plan = build_plan(model, example, record, value, measure, also=also)
-                how = f"the smallest summed predicted loss ({plan.predicted_loss:.4f})"
+            how = _chosen(plan, method)
         source = plan_path(analysis_file)
         reached = ", ".join(f"{m} reduced by >= {v:g} (exactly {plan.reduction_of(m):.4f})" for m, v in targets.items())
         note = f"Budget plan: {reached} with {how}; coupled params share their group's ratio."
@@ -186,6 +183,13 @@ def run_plan_step(
         result.exported["ratios"] = Path(s.export_dir) / EXPORTED_YAML
     _record(analysis_file, result)
     return result
+
+
+def _chosen(plan: Plan, method: MeasuredMethod | None) -> str:
+    """How the budget plan was chosen, for the ratios file's note."""
+    if method is not None:
+        return f"the best measured plan (loss {plan.predicted_loss:.4f} measured with all groups pruned at once)"
+    return f"the smallest summed predicted loss ({plan.predicted_loss:.4f})"
 
 
 def _scoring(inputs: Inputs, search: SearchSettings, seed: int) -> PlanScoring:
