@@ -120,9 +120,10 @@ def run_plan_step(
                                     goal_ms=targets.get("latency_ms"), batch=s.latency_batch, progress=progress,
                                     also=also, measured_method=method, table=s.latency_table)  # fmt: skip
             assert plan.latency is not None
-            how = (f"{_chosen(plan, method)}; latency measured on {runtime.device}: "
-                   f"{plan.latency.measured_ms:.3f} ms (dense {plan.latency.dense_ms:.3f} ms, predicted "
-                   f"{plan.latency.predicted_ms:.3f} ms)")  # fmt: skip
+            last = plan.latency.attempts[-1]
+            how = (f"{_chosen(plan, method)}; latency measured on {runtime.device}: {last['measured_ms']:.3f} ms "
+                   f"(dense {last['dense_ms']:.3f} ms beside it; predicted {last['predicted_ms']:.3f} ms of the "
+                   f"table's dense {plan.latency.dense_ms:.3f} ms)")  # fmt: skip
             targets = {"latency": 1.0 - plan.latency.goal_ms / plan.latency.dense_ms, **also}
         else:
             measure, value = next(iter(also.items()))
