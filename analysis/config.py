@@ -46,6 +46,8 @@ CRITERIA = ("l1_norm", "l2_norm", "geometry_median", "bn_scale")
 LABEL_MODES = ("required", "none")
 GROUP_REDUCTIONS = ("self", "mean")
 DATA_CACHE_MODES = ("auto", "ram", "off")
+NUMERICS_MODES = ("exact", "tf32", "bf16")
+"""Arithmetic of the forward passes: float32 with TF32 off and deterministic algorithms, or an opt-in speed mode."""
 ENGINES = ("fast", "reference")
 LATENCY_RUNTIMES = ("auto", "torch", "onnxruntime", "command")
 LATENCY_TABLES = ("model", "layers")
@@ -99,6 +101,8 @@ class GlobalConfig:
     data_cache: str = "auto"
     cache_max_gb: float | None = None
     device: str = "auto"
+    numerics: str = "exact"
+    device_cache_share: float = 0.5
     max_samples: int | None = None
     seed: int = 0
     calib_list: str | None = None
@@ -249,6 +253,12 @@ def validate(config: Config) -> None:
         raise ConfigError(f"Global.num_workers must be 0 or more (or unset for automatic), got {g.num_workers}.")
     check_choice("Global.data_cache", g.data_cache, DATA_CACHE_MODES)
     check_choice("Global.labels", g.labels, LABEL_MODES)
+    check_choice("Global.numerics", g.numerics, NUMERICS_MODES)
+    if not 0 <= g.device_cache_share <= 1:
+        raise ConfigError(
+            "Global.device_cache_share must be a share of the free GPU memory from 0 (keep the decoded images in host "
+            f"memory) to 1, got {g.device_cache_share}."
+        )
     if g.cache_max_gb is not None and not (0 < g.cache_max_gb < math.inf):
         raise ConfigError(
             f"Global.cache_max_gb must be a positive number of GB (unset: half the free RAM), got {g.cache_max_gb}."
