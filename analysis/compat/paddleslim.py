@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from analysis.config import SensitivityConfig, validate_section
+from analysis.config import NUMERICS_MODES, SensitivityConfig, check_choice, validate_section
 from analysis.early_stop import early_stop_from
 from analysis.engine.evaluate import evaluate
 from analysis.engine.settings import AnalysisData, EngineSettings
@@ -52,6 +52,7 @@ def analysis_prune(
     units: Sequence[str] | None = None,
     decision_error: float = 0.05,
     decision_precision: float | None = None,
+    numerics: str = "exact",
 ) -> dict[str, float]:
     """Filter-pruning sensitivity of every prunable conv of ``model`` (and, by ``units``, of its Linear neurons and
     attention heads); writes the same files as ``run.py``.
@@ -96,6 +97,9 @@ def analysis_prune(
         decision_error: With ``precision="decision"``, the chance that any variant is settled on the wrong side of
             ``target_loss`` (split over every variant and look, Bonferroni).
         decision_precision: With ``precision="decision"``, also stop a variant once its loss is known within +-this.
+        numerics: The arithmetic of the forward passes (``Global.numerics``): ``exact`` (float32, TF32 off,
+            deterministic cuDNN), or ``tf32``/``bf16`` (faster on a GPU, approximate losses). Set for the call only:
+            the caller's backend flags and autocast state are as before afterwards.
 
     Returns:
         ``{param name: ratio}`` derived with ``target_loss`` (PaddleSlim's rule), or ``{}`` without one.
@@ -136,7 +140,10 @@ def analysis_prune(
         first_images, first_labels = first
         example_input = first_images if example_input is None else example_input
         fingerprint = _batch_fingerprint(first_images, first_labels)
-    settings = EngineSettings.from_section(section, seed=seed, progress=progress, early_stop=early_stop)
+    check_choice("numerics", numerics, NUMERICS_MODES)
+    settings = EngineSettings.from_section(
+        section, seed=seed, numerics=numerics, progress=progress, early_stop=early_stop
+    )
     calibration_fingerprint = None
     if adaptive_bn:
         assert calibration is not None

@@ -11,6 +11,7 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
+from analysis.engine.approximation import EXACT_TOLERANCE
 from analysis.engine.batchnorm import BatchNorm, layers_in_copy, reestimate, reestimated
 from analysis.inputs.device import is_out_of_memory
 from analysis.structure.groups import PrunableUnit, removal_group
@@ -41,11 +42,17 @@ class MaskCheck:
         model: The model, in eval mode on its device.
         graph: Its dependency graph.
         example_input: The batch physical pruning traces; its first :data:`CHECK_IMAGES` images are compared.
+
+    Attributes:
+        tolerance: The largest difference, as a fraction of the largest logit (at least 1), at which masking is
+            taken to equal removal (a speed mode raises it to its measured noise floor, see
+            :func:`~analysis.engine.approximation.mask_tolerance`).
     """
 
     def __init__(self, model: nn.Module, graph: tp.DependencyGraph, example_input: torch.Tensor) -> None:
         self.model, self.graph, self.example_input = model, graph, example_input
         self.images = example_input[:CHECK_IMAGES]
+        self.tolerance = EXACT_TOLERANCE
 
     def choose(self, param: PrunableUnit, channels: Sequence[int], batchnorms: Sequence[BatchNorm] | None) -> ModeCheck:
         """Masking is used only when it agrees with physical pruning at ``channels``; with ``batchnorms`` (adaptive
@@ -69,7 +76,7 @@ class MaskCheck:
         with masked(self.graph, group), torch.inference_mode():
             masked_logits = self.model(self.images)
         difference = float((masked_logits.float() - physical).abs().max())
-        tolerance = 1e-4 * max(1.0, float(physical.abs().max()))
+        tolerance = self.tolerance * max(1.0, float(physical.abs().max()))
         if difference <= tolerance and batchnorms is not None:
             difference = max(difference, self._calibrated_difference(copy, group, batchnorms))
         if difference <= tolerance:

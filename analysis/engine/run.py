@@ -15,6 +15,7 @@ from analysis.engine.samplers import make_sampler
 from analysis.engine.sensitivity import EngineReport, SensitivityEngine
 from analysis.engine.settings import AnalysisData, EngineSettings
 from analysis.io.results import Sensitivities
+from analysis.io.sidecar import NumericsRecord
 from analysis.io.store import AnalysisStore
 from analysis.structure.groups import PrunableUnit
 
@@ -35,6 +36,8 @@ class AnalysisOutcome:
     early_stopped: dict[str, float] = field(default_factory=dict)
     estimated: dict[str, set[float]] = field(default_factory=dict)
     """Per unit, the ratios whose loss is an estimate (adaptive precision, decision-driven sampling)."""
+    numerics: NumericsRecord | None = None
+    """How the numbers were computed (their arithmetic and machines; how far a speed mode moves them)."""
 
     @property
     def unprunable(self) -> dict[str, str]:

@@ -29,6 +29,7 @@ from analysis.engine._adaptive import PairedEstimate, per_sample
 from analysis.engine._early_stop import StopLedger
 from analysis.engine._modes import MaskCheck
 from analysis.engine._variants import Prepared, changed_layers, prepare_elements, variant_slices
+from analysis.engine.approximation import loss_shift, mask_tolerance, measure_approximation
 from analysis.engine.batchnorm import BatchNorm, Estimation, changed_sources, downstream_batchnorms
 from analysis.engine.evaluate import MetricSums
 from analysis.engine.executors import (
@@ -45,7 +46,8 @@ from analysis.engine.loss import check_baseline, check_finite, format_metrics, r
 from analysis.engine.samplers import Passes, Sampler, ordered_batches
 from analysis.engine.settings import AnalysisData, EngineSettings, Metrics
 from analysis.errors import UserError
-from analysis.io.sidecar import ParamRecord, VariantRecord
+from analysis.inputs.numerics import is_approximate
+from analysis.io.sidecar import NumericsRecord, ParamRecord, VariantRecord
 from analysis.io.store import AnalysisStore
 from analysis.metrics import LABEL_FREE_METRICS
 from analysis.progress import progress_bar
@@ -135,7 +137,10 @@ class SensitivityEngine:
     # The run
     def run(self, params: Sequence[PrunableUnit]) -> EngineReport:
         """Evaluate every missing (unit, ratio) of ``params``; return what was done."""
+        approximation = self.measure_approximation() if is_approximate(self.settings.numerics) else None
         baseline = self.measure_baseline()
+        if approximation is not None:
+            self.record_loss_shift(approximation, baseline)
         self.store.set_cost(self.costs.dense.as_dict())
         report = EngineReport(baseline=baseline)
         pending = {p.name: self.stops.pending(p.name) for p in params}
@@ -249,6 +254,37 @@ class SensitivityEngine:
             job.plan = None
             self._evaluate(self.eager, [job], state)
         return kept
+
+    def measure_approximation(self) -> NumericsRecord:
+        """In a speed mode: how far it moves the dense model's logits (which sets the masked-versus-physical
+        tolerance) and its exact baseline (to state how far it moves a loss), measured or read from the file."""
+        mode = self.settings.numerics
+        approximation = measure_approximation(
+            self.model, self.data, self.check_input, mode, self.settings.metric, self.store.numerics
+        )
+        self.mask_check.tolerance = mask_tolerance(approximation.logit_noise)
+        self.store.numerics.logit_noise = approximation.logit_noise
+        self.store.numerics.mask_tolerance = self.mask_check.tolerance
+        self.store.numerics.exact_baseline = approximation.exact_baseline
+        logger.warning(
+            "Global.numerics is %s: every loss is approximate. On this model %s moves the dense model's logits by up "
+            "to %.2g of the largest (masking is checked against removal within %.2g).",
+            mode, mode, approximation.logit_noise, self.mask_check.tolerance,
+        )  # fmt: skip
+        return approximation
+
+    def record_loss_shift(self, approximation: NumericsRecord, baseline: Metrics) -> None:
+        """Store and say the loss the speed mode alone gives the dense model (when its exact baseline is known)."""
+        exact, metric = approximation.exact_baseline, self.settings.metric
+        if exact is None or metric not in exact or metric not in baseline:
+            return
+        shift = loss_shift(exact, baseline, metric, self.settings.metric_mode)
+        self.store.numerics.loss_shift = shift
+        logger.warning(
+            "%s alone gives the dense model a loss of %+.4f against exact float32 (%s %.4f in float32, %.4f under "
+            "%s); read the losses with that in mind.",
+            self.settings.numerics, shift, metric, exact[metric], baseline[metric], self.settings.numerics,
+        )  # fmt: skip
 
     def measure_baseline(self) -> Metrics:
         """The unpruned model's metrics: stored in the file (same model, data and settings), or measured now; always

@@ -50,6 +50,7 @@ class EngineSettings:
     early_stop: EarlyStop | None
     round_to: int
     adaptive_bn: bool
+    numerics: str = "exact"
     decision: DecisionSettings | None = None
     progress: bool | None = None
 
@@ -60,10 +61,17 @@ class EngineSettings:
 
     @classmethod
     def from_section(
-        cls, section: SensitivityConfig, *, seed: int = 0, progress: bool | None = None, **overrides: Any
+        cls,
+        section: SensitivityConfig,
+        *,
+        seed: int = 0,
+        numerics: str = "exact",
+        progress: bool | None = None,
+        **overrides: Any,
     ) -> EngineSettings:
-        """The settings of a ``SensitivityAnalysis`` section (``overrides`` replace single values, e.g. a metric
-        the YAML schema does not offer, or an :class:`EarlyStop` built elsewhere)."""
+        """The settings of a ``SensitivityAnalysis`` section with ``Global.seed`` and ``Global.numerics``
+        (``overrides`` replace single values, e.g. a metric the YAML schema does not offer, or an
+        :class:`EarlyStop` built elsewhere)."""
         sampling = Sampling(section.precision, section.decision_error, section.decision_precision)
         decision = None
         if sampling.decision:
@@ -84,6 +92,7 @@ class EngineSettings:
             "early_stop": early_stop_from(section.early_stop_mode, section.early_stop_value),
             "round_to": section.round_to,
             "adaptive_bn": section.adaptive_bn,
+            "numerics": numerics,
             "progress": progress,
         }
         return cls(**{**values, **overrides})
@@ -107,6 +116,8 @@ class EngineSettings:
             **({"granularity": "element"} if self.granularity == "element" else {}),
             **({"round_to": self.round_to} if self.round_to > 1 else {}),
             **({"adaptive_bn": True, "calibration": calibration} if self.adaptive_bn else {}),
+            # approximate losses never mix with exact ones, nor those of two speed modes
+            **({"numerics": self.numerics} if self.numerics != "exact" else {}),
         }
 
 

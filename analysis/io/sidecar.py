@@ -327,9 +327,81 @@ class ToolRecord(_Record):
 
 
 @dataclass(kw_only=True)
+class MachineRecord(_Record):
+    """A device and the library versions that computed numbers on it (CUDA and cuDNN only on a CUDA device)."""
+
+    device: str | None = None
+    name: str | None = None
+    torch: str | None = None
+    cuda: str | None = None
+    cudnn: str | None = None
+
+    def describe(self) -> str:
+        """``cuda (NVIDIA H100), torch 2.5.1, CUDA 12.4, cuDNN 90100`` for logs and reports."""
+        parts = [f"{self.device} ({self.name})" if self.name else str(self.device), f"torch {self.torch}"]
+        parts += [f"CUDA {self.cuda}"] if self.cuda else []
+        parts += [f"cuDNN {self.cudnn}"] if self.cudnn else []
+        return ", ".join(parts)
+
+
+@dataclass(kw_only=True)
+class NumericsRecord(_Record):
+    """How an analysis file's numbers were computed: the arithmetic (``Global.numerics``), every machine that added
+    numbers to the file, and in a speed mode how far the mode moves this model's own outputs.
+
+    Attributes:
+        mode: ``exact``, ``tf32`` or ``bf16``.
+        machines: Each distinct device and library versions that evaluated variants of this file, in order.
+        logit_noise: Speed modes: the largest difference between the dense model's logits under the mode and in
+            exact float32 on the check images, as a fraction of the largest exact logit.
+        exact_baseline: Speed modes with labels: the dense model's metrics computed in exact float32.
+        loss_shift: Speed modes with labels: the loss the mode alone gives the dense model, ``(exact - mode) /
+            exact`` of the run's metric: how far the arithmetic moves a loss on this model.
+        mask_tolerance: Speed modes: the masked-versus-physical check's tolerance derived from ``logit_noise``, as
+            a fraction of the largest logit (exact float32 uses 1e-4).
+    """
+
+    mode: str | None = None
+    machines: list[MachineRecord] | None = None
+    logit_noise: float | None = None
+    mask_tolerance: float | None = None
+    exact_baseline: Metrics | None = None
+    loss_shift: float | None = None
+
+    @property
+    def approximate(self) -> bool:
+        """Whether the losses were computed in a speed mode (``tf32``, ``bf16``) rather than exact float32."""
+        return self.mode is not None and self.mode != "exact"
+
+    def notice(self) -> str | None:
+        """One sentence saying the losses are approximate and how far the mode moves them on this model (None for
+        exact numbers)."""
+        if not self.approximate:
+            return None
+        moved = (
+            f"{self.mode} alone gives the dense model a loss of {self.loss_shift:+.4f} against exact float32"
+            if self.loss_shift is not None
+            else "how far it moves a loss was not measured (a label-free metric)"
+        )
+        noise = (
+            "" if self.logit_noise is None else f", and moves its logits by up to {self.logit_noise:.2g} of the largest"
+        )
+        return f"losses are approximate (Global.numerics: {self.mode}): {moved}{noise}"
+
+    def describe(self) -> str:
+        """``exact (float32, TF32 off, deterministic) on cpu (x86_64), torch 2.5.1`` for reports."""
+        how = {"tf32": "TF32 convolutions and matmuls, approximate", "bf16": "bfloat16 autocast, approximate"}.get(
+            self.mode or "exact", "float32, TF32 off, deterministic cuDNN"
+        )
+        machines = "; ".join(machine.describe() for machine in self.machines or [])
+        return f"{self.mode or 'exact'} ({how})" + (f" on {machines}" if machines else "")
+
+
+@dataclass(kw_only=True)
 class SettingsRecord(_Record):
-    """The settings the numbers depend on (``fingerprint.settings``). ``granularity``, ``round_to``, ``adaptive_bn``
-    and ``calibration`` are written only when they differ from the defaults, so files of earlier versions resume."""
+    """The settings the numbers depend on (``fingerprint.settings``). ``granularity``, ``round_to``, ``adaptive_bn``,
+    ``calibration`` and ``numerics`` are written only when they differ from the defaults, so files of earlier versions
+    resume."""
 
     criterion: str | None = None
     group_reduction: str | None = None
@@ -343,6 +415,8 @@ class SettingsRecord(_Record):
     round_to: int | None = None
     adaptive_bn: bool | None = None
     calibration: str | None = None
+    # Global.numerics of a speed mode (tf32, bf16); absent for exact
+    numerics: str | None = None
 
     @property
     def metric_name(self) -> str:
@@ -616,6 +690,7 @@ class Sidecar(_Record):
 
     tool: ToolRecord | None = None
     fingerprint: FingerprintRecord | None = None
+    numerics: NumericsRecord | None = None
     config: ConfigRecord | None = None
     params: dict[str, ParamRecord] | None = None
     unprunable: dict[str, str] | None = None

@@ -26,6 +26,8 @@ from analysis.io.sidecar import (
     CostRecord,
     EarlyStopRecord,
     FingerprintRecord,
+    MachineRecord,
+    NumericsRecord,
     ParamRecord,
     Sidecar,
     ToolRecord,
@@ -38,7 +40,14 @@ logger = logging.getLogger(__name__)
 
 
 # Settings a fingerprint leaves out when they have their default (so files of earlier versions still resume).
-IMPLIED_SETTINGS = {"granularity": "filter", "round_to": 1, "adaptive_bn": False, "calibration": None, "decision": None}
+IMPLIED_SETTINGS = {
+    "granularity": "filter",
+    "round_to": 1,
+    "adaptive_bn": False,
+    "calibration": None,
+    "decision": None,
+    "numerics": "exact",
+}
 
 
 @dataclass
@@ -167,6 +176,25 @@ class AnalysisStore:
     def set_baseline(self, metrics: Mapping[str, Any]) -> None:
         """Store the baseline metrics (saved with the next unit, or by :meth:`save`)."""
         self.sidecar.baseline = dict(metrics)
+
+    @property
+    def numerics(self) -> NumericsRecord:
+        """How the file's numbers are computed (its arithmetic, machines, and a speed mode's measured noise)."""
+        if self.sidecar.numerics is None:
+            self.sidecar.numerics = NumericsRecord()
+        return self.sidecar.numerics
+
+    def record_machine(self, mode: str, machine: MachineRecord) -> list[MachineRecord]:
+        """Note that numbers are now computed under ``mode`` on ``machine``; return the other machines that computed
+        numbers in this file before (the fingerprint already refused another mode)."""
+        numerics = self.numerics
+        if numerics.mode != mode:  # a new file, or one written before the mode was recorded (exact)
+            numerics.mode = mode
+        machines = numerics.machines if numerics.machines is not None else []
+        others = [known for known in machines if known.to_json() != machine.to_json()]
+        if len(others) == len(machines):
+            numerics.machines = [*machines, machine]
+        return others
 
     def set_cost(self, cost: Mapping[str, Any] | CostRecord) -> None:
         """Store the dense model's MACs and params (with their counting convention)."""

@@ -49,7 +49,9 @@ def export_csv(analysis: AnalysisSource, path: str | os.PathLike[str] | None = N
     ``relative_loss`` (the number in the analysis file) and the variant's MACs and params after physical removal
     with their reductions (empty when the sidecar lacks them). Parameters follow the file's (model) order and
     ratios ascend, so equal inputs give byte-identical files. With adaptive BN (BatchNorm statistics re-estimated
-    per variant) the metric columns are suffixed ``_adaptive_bn`` (``layername_adaptive_bn``, ``top1_adaptive_bn``).
+    per variant) the metric columns are suffixed ``_adaptive_bn`` (``layername_adaptive_bn``, ``top1_adaptive_bn``);
+    computed in a speed mode (``Global.numerics: tf32|bf16``) they are suffixed ``_approx_<mode>``
+    (``top1_approx_bf16``).
     A label-free analysis (``metric: agreement`` or ``kl``) adds its metric as a column (agreement in percent, KL in
     nats); top1/top5/loss are then empty where no labels exist. A sampled analysis (``precision``) adds each variant's
     ``images``, ``interval_low``/``interval_high`` and, decision-driven, ``settled`` (:data:`SAMPLED_COLUMNS`).
@@ -93,12 +95,15 @@ def _value(variant: VariantRecord | None, metric: str) -> Any:
 
 
 ADAPTIVE_BN_SUFFIX = "_adaptive_bn"
+APPROXIMATE_SUFFIX = "_approx_"
 
 
 def _marked(column: str, sidecar: Sidecar) -> str:
-    """A metric column's name, suffixed when the analysis re-estimated BatchNorm per variant (adaptive BN), so its
-    numbers are never mistaken for plain ones."""
-    return column + ADAPTIVE_BN_SUFFIX if sidecar.settings.adaptive_bn else column
+    """A metric column's name, suffixed when the analysis re-estimated BatchNorm per variant (adaptive BN) and when
+    it ran in a speed mode (``_approx_bf16``), so its numbers are never mistaken for plain or exact ones."""
+    column = column + ADAPTIVE_BN_SUFFIX if sidecar.settings.adaptive_bn else column
+    numerics = sidecar.numerics
+    return f"{column}{APPROXIMATE_SUFFIX}{numerics.mode}" if numerics is not None and numerics.approximate else column
 
 
 def _long_rows(sensitivities: Sensitivities, sidecar: Sidecar) -> list[list[Any]]:

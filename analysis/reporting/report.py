@@ -269,6 +269,8 @@ def _summary(data: AnalysisRecord, target: TargetRatios | None, label: str) -> s
         )
     elif precision is not None and len(precision) == 2:
         rows.append(("adaptive precision", _e(f"+-{precision[0]} (95%), seed {precision[1]}")))
+    if sidecar.numerics is not None:
+        rows.append(("numerics", _e(sidecar.numerics.describe())))
     rows.append(("ratios analysed", _e(", ".join(f"{r:g}" for r in ratios))))
     unprunable = sidecar.unprunable or {}
     rows.append(("layers", _e(f"{len(data.sensitivities)} analysed, {len(unprunable)} not prunable")))
@@ -538,6 +540,8 @@ def render_html(
         if stored_config is not None and stored_config.random_weights
         else ""
     )
+    notice = data.sidecar.numerics.notice() if data.sidecar is not None and data.sidecar.numerics else None
+    approximate = f'<p class="warning">{_e(notice[0].upper() + notice[1:])}.</p>' if notice else ""
     if stored_config is not None and stored_config.to_json():
         config_text = yaml.safe_dump(stored_config.to_json(), sort_keys=False, allow_unicode=True, width=110)
         config = f"<pre>{_e(config_text)}</pre>"
@@ -551,6 +555,7 @@ def render_html(
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
         random_weights,
+        approximate,
         no_sidecar,
         "<h2>Run</h2>",
         _summary(data, target, label),

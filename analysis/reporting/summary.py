@@ -45,6 +45,9 @@ def format_table(outcome: AnalysisOutcome, ratios: Sequence[float], metric: str,
         lines[0] += " ('~' = estimated on part of the images, see the sidecar's interval)"
     for row in [header, *rows]:
         lines.append("  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(row, align, widths, strict=True)))
+    notice = outcome.numerics.notice() if outcome.numerics is not None else None
+    if notice:
+        lines.append(f"{notice[0].upper()}{notice[1:]}.")
     unprunable = outcome.unprunable
     if unprunable:
         lines.append(f"not analysed ({len(unprunable)}):")

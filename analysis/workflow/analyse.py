@@ -14,11 +14,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from analysis.config import UNIT_KINDS
 from analysis.engine.run import AnalysisOutcome, make_engine
 from analysis.engine.settings import AnalysisData, EngineSettings
+from analysis.inputs.numerics import machine_record, numerics
 from analysis.io.fingerprint import model_fingerprint
 from analysis.io.lock import exclusive
 from analysis.io.ratios_yaml import save_ratios_yaml
@@ -92,7 +94,8 @@ def run_analysis(
             a baseline already), so the engine does not evaluate it again.
     """
     example_input = data.example_input
-    with eval_mode(model):  # training flags restored
+    # tracing and counting run in exact float32; the analysis's evaluations run in the settings' mode (below)
+    with eval_mode(model), numerics("exact", example_input.device):  # training flags and backend flags restored
         graph = build_dependency_graph(model, example_input)
         order = execution_order(model, example_input)
         element = settings.granularity == "element"
@@ -135,14 +138,29 @@ def run_analysis(
                 ", ".join(f"{r:g}" for r in settings.ratios),
                 settings.criterion,
             )
-            report = make_engine(model, data, graph, settings, store).run([] if baseline_only else analysed)
+            _record_machine(store, settings.numerics, example_input.device)
+            with numerics(settings.numerics, example_input.device):
+                report = make_engine(model, data, graph, settings, store).run([] if baseline_only else analysed)
             store.save()  # also when nothing was evaluated: the sidecar then records the baseline and every reason
             outcome = AnalysisOutcome(Path(analysis_file), store.ordered(), params, analysed, report)
             outcome.early_stopped = store.early_stops()
             outcome.estimated = store.estimated()
+            outcome.numerics = store.numerics
             if target_loss is not None:
                 derive_ratios(outcome, target_loss, settings.criterion, settings.granularity)
             return outcome
+
+
+def _record_machine(store: AnalysisStore, mode: str, device: torch.device) -> None:
+    """Record the machine that adds numbers to the file now, and warn when earlier numbers came from another."""
+    machine = machine_record(device)
+    others = store.record_machine(mode, machine)
+    if others:
+        logger.warning(
+            "%s holds numbers computed on %s; this run adds numbers computed on %s, so the file mixes both "
+            "machines' rounding (use a new SensitivityAnalysis.analysis_file to keep them apart).",
+            store.path, "; ".join(other.describe() for other in others), machine.describe(),
+        )  # fmt: skip
 
 
 def derive_ratios(outcome: AnalysisOutcome, target_loss: float, criterion: str, granularity: str = "filter") -> None:

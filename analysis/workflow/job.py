@@ -39,7 +39,7 @@ def run_job(
     def evaluate_model(candidate: torch.nn.Module) -> dict[str, float]:
         return evaluate(candidate, loader, progress=progress, desc="eval").metrics()
 
-    settings = EngineSettings.from_section(s, seed=g.seed, progress=progress)
+    settings = EngineSettings.from_section(s, seed=g.seed, numerics=g.numerics, progress=progress)
     calibration = inputs.calibration if s.adaptive_bn else None
     if s.adaptive_bn and calibration is None:
         raise ConfigError(

@@ -22,6 +22,7 @@ from analysis.engine.evaluate import evaluate
 from analysis.engine.fidelity import PassMetrics, fidelity_evaluator
 from analysis.errors import ConfigError
 from analysis.inputs.build import Inputs, build_inputs, needs_calibration
+from analysis.inputs.numerics import numerics
 from analysis.io import sidecar as schema
 from analysis.io.lock import exclusive
 from analysis.io.onnx_check import OnnxCheck
@@ -105,6 +106,16 @@ def run_plan_step(
     assert s.analysis_file is not None
     record = record if record is not None else load_record(s.analysis_file)
     inputs = inputs or build_inputs(config, progress, calibration=needs_calibration(config))
+    with numerics(config.Global.numerics, inputs.example_input.device):
+        return _plan_step(config, inputs, progress, ratios_file, record)
+
+
+def _plan_step(
+    config: Config, inputs: Inputs, progress: bool | None, ratios_file: str | Path | None, record: AnalysisRecord
+) -> PlanResult:
+    """:func:`run_plan_step` under the config's numerics; latency and the ONNX export are float32 (what is deployed)."""
+    s = config.SensitivityAnalysis
+    assert s.analysis_file is not None
     analysis_file = Path(s.analysis_file)
     model, example = inputs.model, inputs.example_input
     targets = budgets(config)
@@ -116,9 +127,11 @@ def run_plan_step(
             method = MeasuredMethod(_scoring(inputs, search, config.Global.seed), search, progress)
         if "latency" in targets or "latency_ms" in targets:
             runtime = latency_runtime(config, example.device)
-            plan = plan_for_latency(model, example, record, runtime, reduction=targets.get("latency"),
-                                    goal_ms=targets.get("latency_ms"), batch=s.latency_batch, progress=progress,
-                                    also=also, measured_method=method, table=s.latency_table)  # fmt: skip
+            with numerics("exact", example.device):
+                plan = plan_for_latency(model, example, record, runtime, reduction=targets.get("latency"),
+                                        goal_ms=targets.get("latency_ms"), batch=s.latency_batch,
+                                        progress=progress, also=also, measured_method=method,
+                                        table=s.latency_table)  # fmt: skip
             assert plan.latency is not None
             last = plan.latency.attempts[-1]
             how = (f"{_chosen(plan, method)}; latency measured on {runtime.device}: {last['measured_ms']:.3f} ms "
@@ -153,7 +166,8 @@ def run_plan_step(
             model, plan, evaluator, example, baseline, calibration=inputs.calibration, progress=progress
         )  # fmt: skip
         if wants_runtime_latency(config, plan):
-            result.verification.runtime_latency = runtime_latency(config, plan, model, pruned, example)
+            with numerics("exact", example.device):
+                result.verification.runtime_latency = runtime_latency(config, plan, model, pruned, example)
         recalibrated = result.verification.recalibrated
         if recalibrated is not None:
             batchnorm = _batchnorm_note(recalibrated.layers, recalibrated.calibration, result.calibration_check)
@@ -174,7 +188,8 @@ def run_plan_step(
             "batchnorm": batchnorm or {"reestimated": False, "why": "no calibration images (Global.calib_list)"},
         }
         if s.export_onnx:
-            result.onnx_check = _export_onnx(pruned, example, inputs, Path(s.export_dir))
+            with numerics("exact", example.device):
+                result.onnx_check = _export_onnx(pruned, example, inputs, Path(s.export_dir))
             if result.onnx_check is not None:
                 extra["onnx"] = result.onnx_check.as_dict()
         result.exported = export_pruned(pruned, model, s.export_dir, extra)
