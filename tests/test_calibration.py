@@ -20,7 +20,7 @@ from analysis.config import GlobalConfig, load_config
 from analysis.errors import DataError
 from analysis.inputs.build import build_inputs
 from analysis.inputs.calibration import CalibrationSet, build_calibration_set, resolve_calibration
-from analysis.inputs.data import build_eval_loader, load_image, normalize_batch
+from analysis.inputs.data import Sample, build_eval_loader, load_image, normalize_batch
 
 from helpers import CliResult, tiny_global, write_config, write_images
 
@@ -99,6 +99,30 @@ def test_default_train_list_beside_the_eval_list_is_found_and_cached(data: Path)
     first = load_image(str(data / "train" / "train_0000.png"), calibration.loader.preprocess)
     assert torch.equal(batches[0][0][0], normalize_batch(first.unsqueeze(0), calibration.loader.preprocess)[0])
     assert [torch.equal(a[0], b[0]) for a, b in zip(batches, calibration.loader, strict=True)] == [True, True]
+
+
+@pytest.mark.parametrize("share", [0.0, 1.0])
+def test_calibration_batches_are_the_decoded_images_in_order(data: Path, share: float) -> None:
+    write_split(data, "train", "list", [0, 1, 2, 3] * 5)
+    calibration = calibrate(global_config(data, calib_samples=12, device_cache_share=share))
+    assert calibration is not None
+    loader = calibration.loader
+    assert loader.cache_placement == "host"  # the CPU keeps them in RAM whatever the share
+
+    def decoded(samples: list[Sample]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        images = torch.stack([load_image(sample.path, loader.preprocess) for sample in samples])
+        labels = torch.tensor([sample.label for sample in samples])
+        size = loader.batch_size
+        starts = range(0, len(samples), size)
+        return [(normalize_batch(images[i : i + size], loader.preprocess), labels[i : i + size]) for i in starts]
+
+    search = loader.subset(5, seed=1)  # what a measured plan searches on
+    for got, samples in [(list(loader), loader.samples), (list(search), search.samples)]:
+        expected = decoded(samples)
+        assert len(got) == len(expected) == (2 if len(samples) == 12 else 1)
+        for (images, labels), (want_images, want_labels) in zip(got, expected, strict=True):
+            assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+    assert search.cache_placement == "host" and loader.staging_seconds > 0
 
 
 def test_default_train_list_sits_beside_a_val_list_in_a_subfolder(data: Path) -> None:
@@ -332,6 +356,7 @@ def test_build_inputs_builds_calibration_only_when_asked(
     with caplog.at_level(logging.INFO, logger="analysis"):
         inputs = build_inputs(config, progress=False, calibration=True)
     assert inputs.calibration is not None and inputs.calibration.num_samples == 5
+    assert inputs.loader.cache_placement == inputs.calibration.loader.cache_placement == "host"  # decoded, on the CPU
     assert any(r.getMessage().startswith("calibration: PaddleSlim list") for r in caplog.records)
     os.remove(data / "train" / "train_0004.png")
     with pytest.raises(DataError, match=r"train_list\.txt line 5: image .*train_0004\.png does not exist"):

@@ -23,6 +23,7 @@ from analysis.inputs.data import (
     normalize_batch,
     select_subset,
 )
+from analysis.inputs.placement import cache_placement, describe_placement, pinned_copy_bytes, prefetched
 
 from helpers import write_images
 
@@ -276,3 +277,145 @@ def test_sizes_that_fit_apart_but_not_together_say_what_they_need_in_all() -> No
         data_module.check_image_memory(sizes, 8, torch.device("cpu"), available=500 * 10**6)
     with pytest.raises(ConfigError, match=r"^Global\.img_size 5000 .*needs 3\.0 GB \(3\.1 GB with the image being"):
         data_module.check_image_memory(Preprocess(5000, 5000), 8, torch.device("cpu"), available=3 * 10**9)
+
+
+# ---- where the decoded images live, and the batches made from them (issue 30) -------------------------------------
+
+Batches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def decoded_batches(loader: EvalLoader, positions: list[int]) -> Batches:
+    """The batches of the samples at ``positions`` computed here, image by image, from the files: what every loader
+    path must give, bit for bit."""
+    images = torch.stack([load_image(loader.samples[i].path, loader.preprocess) for i in positions])
+    labels = torch.tensor([loader.samples[i].label for i in positions])
+    size = loader.batch_size
+    return [
+        (normalize_batch(images[start : start + size], loader.preprocess), labels[start : start + size])
+        for start in range(0, len(positions), size)
+    ]
+
+
+def assert_same_batches(got: Batches, expected: Batches) -> None:
+    assert len(got) == len(expected)
+    for (images, labels), (want_images, want_labels) in zip(got, expected, strict=True):
+        assert images.dtype == want_images.dtype and torch.equal(images, want_images)
+        assert torch.equal(labels, want_labels)
+
+
+def loader_config(list_data: Path) -> GlobalConfig:
+    return GlobalConfig(data_dir=str(list_data), batch_size=8, img_size=16, resize_size=16, num_workers=0)
+
+
+def cached_loader(list_data: Path) -> EvalLoader:
+    """The 20 images of ``list_data`` in batches of 8, decoded once into RAM."""
+    loader = build_eval_loader(loader_config(list_data), CPU)
+    loader.cache_in_memory(progress=False)
+    return loader
+
+
+CUDA = torch.device("cuda")
+
+
+@pytest.mark.parametrize(
+    ("device", "cache_bytes", "free", "share", "free_host", "expected"),
+    [
+        (CPU, 100, None, 1.0, None, "host"),
+        (torch.device("mps"), 100, None, 1.0, None, "host"),
+        (CUDA, 100, 200, 0.5, None, "device"),  # exactly the share of the free memory
+        (CUDA, 101, 200, 0.5, None, "pinned"),
+        (CUDA, 200, 200, 1.0, None, "device"),
+        (CUDA, 201, 200, 1.0, None, "pinned"),
+        (CUDA, 1, 200, 0.0, None, "pinned"),  # share 0: always host memory
+        (CUDA, 0, 200, 0.0, None, "pinned"),
+        (CUDA, 100, None, 0.5, None, "pinned"),  # free GPU memory unknown
+        (CUDA, 300, 200, 0.5, 512, "pinned"),  # the pinned copy takes 512 bytes, exactly what is available
+        (CUDA, 300, 200, 0.5, 511, "host"),
+        (CUDA, 100, 200, 0.5, 10, "device"),  # host memory does not matter for GPU memory
+    ],
+)
+def test_cache_placement_decisions(
+    device: torch.device, cache_bytes: int, free: int | None, share: float, free_host: int | None, expected: str
+) -> None:
+    assert cache_placement(device, cache_bytes, free, share, free_host) == expected
+
+
+def test_pinned_copies_round_up_to_a_power_of_two_and_the_log_says_why() -> None:
+    assert [pinned_copy_bytes(n) for n in (0, 1, 2, 3, 4096, 4097)] == [1, 1, 2, 4, 4096, 8192]
+    gb = 10**9
+    assert "at most Global.device_cache_share 0.5 of the 4.00 GB free" in describe_placement("device", gb, 4 * gb, 0.5)
+    assert "more than Global.device_cache_share 0.5 of the 1.00 GB free" in describe_placement("pinned", gb, gb, 0.5)
+    assert "Global.device_cache_share is 0" in describe_placement("pinned", gb, 4 * gb, 0.0)
+    host = describe_placement("host", 3 * gb, gb, 0.5, 2 * gb)
+    assert "a pinned copy would take 4.29 GB" in host and "2.00 GB of memory available" in host
+
+
+def test_the_next_item_is_staged_before_the_current_one_is_used() -> None:
+    events: list[str] = []
+
+    def stage(item: int) -> int:
+        events.append(f"stage {item}")
+        return item * 10
+
+    def finish(staged: int) -> int:
+        events.append(f"finish {staged // 10}")
+        return staged + 1
+
+    for ready in prefetched(range(3), stage, finish):
+        events.append(f"use {ready}")
+    assert events == [
+        "stage 0", "finish 0", "stage 1", "use 1", "finish 1", "stage 2", "use 11", "finish 2", "use 21",
+    ]  # fmt: skip
+    assert list(prefetched([], stage, finish)) == []
+    assert list(prefetched([7], stage, finish)) == [71]
+
+
+def test_cached_batches_are_the_decoded_images_in_order(list_data: Path) -> None:
+    loader = cached_loader(list_data)
+    expected = decoded_batches(loader, list(range(20)))
+    assert [len(labels) for _, labels in expected] == [8, 8, 4]
+    assert_same_batches(list(loader), expected)
+    assert_same_batches(list(loader), expected)  # every pass
+    assert_same_batches(list(build_eval_loader(loader_config(list_data), CPU)), expected)  # decoded every pass
+
+
+def test_cached_batches_in_a_given_order_carry_their_positions(list_data: Path) -> None:
+    loader = cached_loader(list_data)
+    order = torch.randperm(20, generator=torch.Generator().manual_seed(3)).tolist()
+    got = list(loader.in_order(order))
+    assert_same_batches([(images, labels) for images, labels, _ in got], decoded_batches(loader, order))
+    assert [index.tolist() for _, _, index in got] == [order[:8], order[8:16], order[16:]]
+    loader.cached = None  # decoding them again gives the same
+    streamed = list(loader.in_order(order))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[2], b[2]) for a, b in zip(got, streamed, strict=True))
+
+
+def test_a_subset_of_cached_images_keeps_their_bytes_and_placement(list_data: Path) -> None:
+    loader = cached_loader(list_data)
+    subset = loader.subset(7, seed=2)
+    positions = [loader.samples.index(sample) for sample in subset.samples]
+    assert len(positions) == 7 and subset.cache_placement == "host"
+    assert_same_batches(list(subset), decoded_batches(loader, positions))
+
+
+def test_placing_the_cache_on_the_cpu_changes_nothing(list_data: Path) -> None:
+    loader = cached_loader(list_data)
+    assert loader.cache_placement == "host"
+    assert loader.cached is not None
+    images, labels = loader.cached
+    before = images.clone()
+    assert loader.place_cache(1.0) == "host" and loader.place_cache(0.0) == "host"
+    assert loader.cache_placement == "host"
+    assert loader.cached[0] is images and loader.cached[1] is labels and torch.equal(images, before)
+    assert_same_batches(list(loader), decoded_batches(loader, list(range(20))))
+
+
+def test_staging_time_adds_up_over_passes_and_measuring_it_changes_no_batch(list_data: Path) -> None:
+    loader = cached_loader(list_data)
+    assert loader.staging_seconds == 0.0 and not loader.measure_staging
+    first = list(loader)
+    once = loader.staging_seconds
+    assert once > 0
+    loader.measure_staging = True
+    assert_same_batches(list(loader), first)
+    assert loader.staging_seconds > once and loader.staging.measure

@@ -37,7 +37,8 @@ class Inputs:
 def build_inputs(config: Config, progress: bool | None = None, calibration: bool = False) -> Inputs:
     """Build the model and the evaluation data of ``config`` (decoded into RAM when the cache allows), and with
     ``calibration`` its calibration images for BatchNorm re-estimation (always decoded into RAM, so that a broken
-    one fails before any output is written)."""
+    one fails before any output is written). On a GPU both decoded caches are then kept in GPU memory or pinned
+    host memory (``Global.device_cache_share``; the placements are in ``loader.cache_placement``)."""
     g = config.Global
     device = resolve_device(g.device)
     torch.manual_seed(g.seed)
@@ -54,7 +55,8 @@ def build_inputs(config: Config, progress: bool | None = None, calibration: bool
     logger.info("data: %s, %d images", loader.layout, loader.num_samples)
     model = build_model(g).to(device)
     loader.check_labels(count_outputs(model, g.img_size, device))
-    apply_data_cache(loader, g.data_cache, g.cache_max_gb, progress)
+    if apply_data_cache(loader, g.data_cache, g.cache_max_gb, progress):
+        loader.place_cache(g.device_cache_share, "decoded evaluation images")  # on a GPU: GPU or pinned memory
     calibration_set = build_calibration_set(g, device, loader, progress) if calibration else None
     if calibration_set is not None:
         logger.info("calibration: %s", calibration_set.describe())

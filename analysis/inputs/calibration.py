@@ -73,7 +73,8 @@ class CalibrationSet:
     """The calibration images of a job, decoded into RAM once and iterated once per re-estimation.
 
     Attributes:
-        loader: Batches of normalised images (and their labels) on the job's device; re-iterable, cached in RAM.
+        loader: Batches of normalised images (and their labels) on the job's device; re-iterable, decoded once (in
+            RAM, or on a GPU where ``loader.cache_placement`` says).
         source: Which list file or folder, how many of its images, and the subset's seed (for logs and reports).
         path: The list file or folder the images came from.
         explicit: Whether ``Global.calib_list`` named it (otherwise it was found by default).
@@ -216,7 +217,8 @@ def build_calibration_set(
     """Build the calibration images of the ``Global`` block, decoded into RAM (see :func:`resolve_calibration`).
 
     A seeded (``Global.seed``), class-balanced subset of ``Global.calib_samples`` images is used (all when there
-    are fewer), batched by ``Global.batch_size`` with the evaluation loader's workers.
+    are fewer), batched by ``Global.batch_size`` with the evaluation loader's workers. On a GPU the decoded images
+    are then kept in GPU memory or pinned host memory, as ``Global.device_cache_share`` says.
 
     Returns:
         The calibration set, or None when calibration is off or no calibration images were found.
@@ -245,6 +247,7 @@ def build_calibration_set(
     check_image_memory(preprocess, batch, device, cached=len(samples), keys=calibration_size_keys(cfg))
     loader = EvalLoader(samples, description, preprocess, cfg.batch_size, eval_loader.num_workers, device)
     loader.cache_in_memory(progress)
+    loader.place_cache(cfg.device_cache_share, "decoded calibration images")  # on a GPU: GPU or pinned memory
     return CalibrationSet(loader, description, str(source.path), source.explicit)
 
 

@@ -39,6 +39,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from analysis.config import DEFAULT_MAX_IMAGE_PIXELS, GlobalConfig, printable
 from analysis.errors import ConfigError, DataError
+from analysis.inputs.placement import Placement, Stager, cache_placement, describe_placement, free_device_bytes, placed
 from analysis.io.fingerprint import json_fingerprint
 from analysis.progress import progress_bar
 
@@ -441,6 +442,10 @@ class EvalLoader:
         layout: Human-readable description of where they came from.
         num_classes: ``max(label) + 1`` over the samples.
         labelled: Whether the labels are real (False: every label is :data:`UNLABELLED`, ``Global.labels: none``).
+        cached: The decoded images and their labels once :meth:`cache_in_memory` ran (None: every pass decodes).
+        cache_placement: Where ``cached`` lives (:mod:`analysis.inputs.placement`): ``host`` once decoded, then what
+            :meth:`place_cache` chose; None without a cache.
+        staging: Makes the batches of ``cached`` on the device, and times it (:attr:`staging_seconds`).
     """
 
     def __init__(
@@ -462,6 +467,8 @@ class EvalLoader:
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.cached: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.cache_placement: Placement | None = None
+        self.staging = Stager(device, self._normalise)
         self.loader = self._data_loader(normalise_in_workers=device.type == "cpu" and num_workers > 0)
 
     def _data_loader(self, normalise_in_workers: bool, persistent: bool = True) -> DataLoader[Item]:
@@ -474,6 +481,26 @@ class EvalLoader:
             pin_memory=self.device.type == "cuda",
             persistent_workers=persistent and self.num_workers > 0,
         )
+
+    def _normalise(self, images: torch.Tensor) -> torch.Tensor:
+        return normalize_batch(images, self.preprocess)
+
+    @property
+    def staging_seconds(self) -> float:
+        """Seconds spent making batches from the decoded cache, cumulative over passes: host time to select the
+        images, issue their copies to the device and normalise them (the device may still be working on them), or
+        their real time with :attr:`measure_staging`."""
+        return self.staging.seconds
+
+    @property
+    def measure_staging(self) -> bool:
+        """Whether every staging step is synchronised with the device, so that :attr:`staging_seconds` is real time
+        (for benchmarks: it stops copies from overlapping with compute)."""
+        return self.staging.measure
+
+    @measure_staging.setter
+    def measure_staging(self, value: bool) -> None:
+        self.staging.measure = value
 
     @property
     def num_samples(self) -> int:
@@ -509,23 +536,20 @@ class EvalLoader:
     def _iter_cached(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         assert self.cached is not None
         images, labels = self.cached
-        for start in range(0, len(images), self.batch_size):
-            batch = images[start : start + self.batch_size].to(self.device, non_blocking=True)
-            yield normalize_batch(batch, self.preprocess), labels[start : start + self.batch_size].to(self.device)
+        yield from self.staging.batches(images, labels, self.batch_size)
 
     def in_order(self, order: Sequence[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Batches of the samples at ``order`` (a permutation, for adaptive precision), with their indices."""
         order_tensor = torch.as_tensor(list(order), dtype=torch.long)
+        starts = range(0, len(order_tensor), self.batch_size)
         if self.cached is not None:
             images, labels = self.cached
-            for start in range(0, len(order_tensor), self.batch_size):
-                index = order_tensor[start : start + self.batch_size]
-                batch = images[index].to(self.device, non_blocking=True)
-                yield normalize_batch(batch, self.preprocess), labels[index].to(self.device), index
+            batches = self.staging.batches(images, labels, self.batch_size, order_tensor)
+            for start, (batch, batch_labels) in zip(starts, batches, strict=True):
+                yield batch, batch_labels, order_tensor[start : start + self.batch_size]
             return
         subset = ImageListDataset([self.samples[i] for i in order_tensor.tolist()], self.preprocess)
         loader = DataLoader(subset, self.batch_size, num_workers=self.num_workers, collate_fn=CollateImages())
-        starts = range(0, len(order_tensor), self.batch_size)
         for start, (images, labels) in zip(starts, self._raw_batches(loader), strict=True):
             batch = normalize_batch(images.to(self.device, non_blocking=True), self.preprocess)
             yield batch, labels.to(self.device), order_tensor[start : start + self.batch_size]
@@ -547,10 +571,40 @@ class EvalLoader:
                 position += count
                 bar.update(count)
         self.cached = (images, labels)
+        self.cache_placement = "host"
+
+    def place_cache(self, share: float, name: str = "decoded images") -> Placement:
+        """Keep the decoded images where this device makes batches fastest (see :mod:`analysis.inputs.placement`):
+        on a CUDA device in GPU memory when they take at most ``share`` of the free GPU memory, else in pinned host
+        memory; elsewhere in RAM, unchanged. Batches stay bit-identical. Logs where and why (``name``: what the images
+        are) and returns the placement, also kept in :attr:`cache_placement`."""
+        assert self.cached is not None, "place_cache needs the images decoded (cache_in_memory)"
+        free = free_device_bytes(self.device)
+        host = available_memory_bytes() if self.device.type == "cuda" else None
+        placement = cache_placement(self.device, self.cache_bytes, free, share, host)
+        if self._place(placement) != placement:  # pinning failed, and said so
+            return "host"
+        why = describe_placement(placement, self.cache_bytes, free, share, host)
+        logger.log(logging.INFO if self.device.type == "cuda" else logging.DEBUG, "The %s are kept %s.", name, why)
+        return placement
+
+    def _place(self, placement: Placement) -> Placement:
+        """Move :attr:`cached` to ``placement``; when pinned memory cannot be had, it stays where it is (``host``)."""
+        assert self.cached is not None
+        images, labels = self.cached
+        try:
+            self.cached = (placed(images, placement, self.device), placed(labels, placement, self.device))
+        except RuntimeError as error:
+            if placement != "pinned":
+                raise
+            logger.warning("Pinning the decoded images failed (%s); they stay in ordinary host memory.", error)
+            placement = "host"
+        self.cache_placement = placement
+        return placement
 
     def subset(self, max_samples: int, seed: int) -> EvalLoader:
-        """A seeded, class-balanced subset of at most ``max_samples`` of these images (read from RAM when these are
-        cached, without decoding again)."""
+        """A seeded, class-balanced subset of at most ``max_samples`` of these images (read from the cache when these
+        are cached, without decoding again, and kept in the same placement)."""
         indices = subset_indices(self.samples, max_samples, seed)
         chosen = [self.samples[i] for i in indices]
         layout = f"{self.layout} (class-balanced subset of {len(chosen)}, seed {seed})"
@@ -558,8 +612,10 @@ class EvalLoader:
             chosen, layout, self.preprocess, self.batch_size, self.num_workers, self.device, self.labelled
         )
         if self.cached is not None:
-            index = torch.as_tensor(indices, dtype=torch.long)
-            subset.cached = (self.cached[0][index], self.cached[1][index])
+            images, labels = self.cached
+            index = torch.as_tensor(indices, dtype=torch.long, device=images.device)  # a GPU cache stays on the GPU
+            subset.cached = (images[index], labels[index])
+            subset._place(self.cache_placement or "host")  # a gather from pinned memory is pinned again
         return subset
 
     def fingerprint(self) -> str:
