@@ -247,3 +247,43 @@ def test_the_command_line_marks_csv_report_and_terminal(tmp_path: Path, capsys: 
     assert "Losses are approximate (Global.numerics: bf16)" in report
     assert "Losses are approximate" in out.out + out.err
     assert json.loads(Path(f"{analysis_file}.json").read_text())["numerics"]["mode"] == "bf16"
+
+
+def test_resuming_on_another_machine_is_warned_and_both_are_recorded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = randomize(tiny_resnet())
+    data = pseudo_labelled(model, batches())
+    path = tmp_path / "a.pkl"
+    analysis_prune(model, data, path, pruned_ratios=[0.5], progress=False)
+    sidecar_file = Path(f"{path}.json")
+    sidecar = json.loads(sidecar_file.read_text())
+    other = {"device": "cuda", "name": "Some GPU", "torch": "2.0.0", "cuda": "12.1", "cudnn": "8900"}
+    sidecar["numerics"]["machines"] = [other]
+    sidecar_file.write_text(json.dumps(sidecar))
+    analysis_prune(model, data, path, pruned_ratios=[0.5, 0.7], progress=False)
+    assert "holds numbers computed on cuda (Some GPU), torch 2.0.0, CUDA 12.1, cuDNN 8900" in caplog.text
+    assert load_sidecar(path)["numerics"]["machines"] == [other, machine_record("cpu").to_json()]
+    caplog.clear()
+    analysis_prune(model, data, path, pruned_ratios=[0.5, 0.7], progress=False)  # both known now: recorded once
+    assert load_sidecar(path)["numerics"]["machines"] == [other, machine_record("cpu").to_json()]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("Global.numerics=fp16", "Global.numerics must be one of exact, tf32, bf16, got 'fp16'"),
+        ("Global.device_cache_share=1.5", "Global.device_cache_share must be a share of the free GPU memory"),
+    ],
+)
+def test_bad_numerics_keys_exit_2_naming_the_key(
+    override: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data_dir = tmp_path / "data"
+    write_images(data_dir, "list", [0, 1])
+    section = {"analysis_file": str(tmp_path / "out" / "s.pkl")}
+    config = write_config(tmp_path / "a.yaml", {"Global": tiny_global(data_dir), "SensitivityAnalysis": section})
+    assert run_cli(["--config_path", str(config), override]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
