@@ -31,8 +31,7 @@ writing separate analysis files. Per model and ``--modes`` entry (``exact``, ``b
   ``get_ratios_by_loss``, compared at the 6 decimals ratios are stored with) are identical to ``exact``'s.
 
 Numerics: the plain forward and the ideal bound run under the project's own ``analysis.inputs.numerics`` context
-for the mode (as the engines do); in a checkout without that module ``Global.numerics`` changes nothing and the
-tables say so.
+for the mode, as the engines do.
 
 Goals, printed per table as yes/NO: ``exact``: reference >= 0.9 x plain-forward images/s, fast >= 2x reference on
 ResNet-50 and >= 3x on MobileNetV2, identical analysis files; ``bf16``: fast >= 2x the ``exact`` fast engine on
@@ -74,6 +73,7 @@ from analysis.engine.run import AnalysisOutcome  # noqa: E402
 from analysis.errors import ConfigError  # noqa: E402
 from analysis.inputs.build import Inputs, build_inputs  # noqa: E402
 from analysis.inputs.device import resolve_device  # noqa: E402
+from analysis.inputs.numerics import numerics  # noqa: E402
 from analysis.io.results import load_sensitivities  # noqa: E402
 from analysis.planning.ratios import get_ratios_by_loss  # noqa: E402
 from analysis.ratio import normalise_ratio  # noqa: E402
@@ -195,7 +195,6 @@ class ModeResult:
     units: int
     analysed: int
     ratios: list[float]
-    numerics_applied: bool
     inputs_seconds: float  # build_inputs: the model and the images decoded into RAM (before every run)
     weights_changed: list[str]  # what trained_like changed
     plain: RunMeasure
@@ -230,22 +229,6 @@ def staging_seconds(loader: Any) -> float | None:
     """The loader's cumulative seconds staging batches to the device, where it counts them."""
     value = getattr(loader, "staging_seconds", None)
     return float(value) if value is not None else None
-
-
-def numerics_available() -> bool:
-    """Whether this checkout applies ``Global.numerics`` (it has ``analysis.inputs.numerics``)."""
-    return importlib.util.find_spec("analysis.inputs.numerics") is not None
-
-
-def numerics(mode: str, device: torch.device) -> contextlib.AbstractContextManager[None]:
-    """The project's own arithmetic of ``mode`` (as the engines run under it), or nothing where the checkout has no
-    numerics module (then ``Global.numerics`` changes nothing in the engines either)."""
-    if not numerics_available():
-        return contextlib.nullcontext()
-    from analysis.inputs.numerics import numerics as project_numerics
-
-    context: contextlib.AbstractContextManager[None] = project_numerics(mode, device)
-    return context
 
 
 @contextlib.contextmanager
@@ -492,7 +475,7 @@ def bench_mode(model: str, mode: str, setup: ModelSetup, args: argparse.Namespac
     return ModeResult(
         model=model, mode=mode, device=str(device), images=inputs.loader.num_samples, size=args.size,
         batch_size=args.batch_size, units=setup.units, analysed=len(fast.analysed), ratios=list(args.ratios),
-        numerics_applied=numerics_available(), inputs_seconds=setup.seconds,
+        inputs_seconds=setup.seconds,
         weights_changed=setup.weights_changed, plain=plain, runs=runs, identical_files=files[0] == files[1],
         ideal=ideal,
     )  # fmt: skip
@@ -627,8 +610,6 @@ def table(result: ModeResult) -> str:
         notes.append("ideal bound n/a (torch.fx cannot trace the model)")
     notes.append(f"analysis files byte-identical: {_mark(result.identical_files)}")
     notes.append("executors (fast): " + ", ".join(f"{k} {v}" for k, v in sorted(fast.executors.items())))
-    if not result.numerics_applied and result.mode != "exact":
-        notes.append(f"Global.numerics has no effect in this checkout: the {result.mode} rows ran in float32")
     compared = result.bf16
     if compared is not None:
         notes.append(
@@ -710,8 +691,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(machine_lines(device))
     print(f"data: {args.root} ({load_bench_data().ensure_dataset(args.root, args.images, CLASSES, args.seed)})")
     print(f"{args.images} images at {args.size} px, batch {args.batch_size}, ratios {args.ratios}, metric ce, "
-          f"{args.max_params or 'all'} units per model, modes {args.modes}, target_loss {args.target_loss:g}; "
-          f"Global.numerics {'applied' if numerics_available() else 'NOT applied in this checkout'}\n",
+          f"{args.max_params or 'all'} units per model, modes {args.modes}, target_loss {args.target_loss:g}\n",
           flush=True)  # fmt: skip
     results: list[ModeResult] = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
