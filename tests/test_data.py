@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections import Counter
 from pathlib import Path
 
@@ -419,3 +421,19 @@ def test_staging_time_adds_up_over_passes_and_measuring_it_changes_no_batch(list
     loader.measure_staging = True
     assert_same_batches(list(loader), first)
     assert loader.staging_seconds > once and loader.staging.measure
+
+
+def test_a_dropped_loader_is_freed_at_once_with_its_workers(list_data: Path) -> None:
+    """No reference cycle keeps a loader (and its persistent decoding workers) alive until the cyclic garbage
+    collector runs: one did, and every later test waited 10 s for the orphaned workers' shutdown."""
+    cfg = GlobalConfig(data_dir=str(list_data), batch_size=8, img_size=16, resize_size=16, num_workers=1)
+    loader = build_eval_loader(cfg, CPU)
+    loader.cache_in_memory(progress=False)
+    next(iter(loader.loader))  # starts the persistent worker
+    gone = weakref.ref(loader)
+    gc.disable()
+    try:
+        del loader
+        assert gone() is None
+    finally:
+        gc.enable()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -468,7 +469,9 @@ class EvalLoader:
         self.num_workers = num_workers
         self.cached: tuple[torch.Tensor, torch.Tensor] | None = None
         self.cache_placement: Placement | None = None
-        self.staging = Stager(device, self._normalise)
+        # normalising needs only the preprocessing: a bound method here would make a reference cycle, so that a
+        # dropped loader (with its persistent decoding workers) waited for the cyclic garbage collector
+        self.staging = Stager(device, functools.partial(normalize_batch, preprocess=preprocess))
         self.loader = self._data_loader(normalise_in_workers=device.type == "cpu" and num_workers > 0)
 
     def _data_loader(self, normalise_in_workers: bool, persistent: bool = True) -> DataLoader[Item]:
@@ -481,9 +484,6 @@ class EvalLoader:
             pin_memory=self.device.type == "cuda",
             persistent_workers=persistent and self.num_workers > 0,
         )
-
-    def _normalise(self, images: torch.Tensor) -> torch.Tensor:
-        return normalize_batch(images, self.preprocess)
 
     @property
     def staging_seconds(self) -> float:
