@@ -137,6 +137,7 @@ def all_parameters_require_grad(model: nn.Module) -> Iterator[None]:
 def build_dependency_graph(model: nn.Module, example_input: torch.Tensor) -> tp.DependencyGraph:
     """Trace ``model`` on ``example_input`` (one sample is enough) into a Torch-Pruning dependency graph."""
     example = example_input[:1].detach().clone()
+    flags = [(module, module.training) for module in model.modules()]
     with all_parameters_require_grad(model), torch.enable_grad():
         try:
             return tp.DependencyGraph().build_dependency(model, example_inputs=example, verbose=False)
@@ -148,6 +149,22 @@ def build_dependency_graph(model: nn.Module, example_input: torch.Tensor) -> tp.
                 f"Torch-Pruning cannot trace the channel dependencies of this {type(model).__name__} "
                 f"({type(error).__name__}: {text}), so none of its units can be analysed."
             ) from error
+        finally:
+            _restore_training_flags(flags)
+
+
+def _restore_training_flags(flags: Sequence[tuple[nn.Module, bool]]) -> None:
+    """Give every module its ``training`` flag back, after letting the modules drop what they cached in eval mode.
+
+    Tracing runs the model in eval mode with autograd on, and some modules cache tensors computed in eval mode (timm's
+    LeViT attention biases): such a cache then holds a tensor of the trace's autograd graph, which no later copy of
+    the model can deep-copy. Modules empty these caches in their own ``train()``, so every module is put in training
+    mode through it once (setting flags only, nothing runs), then each flag is set back as it was."""
+    if not flags:
+        return
+    flags[0][0].train()
+    for module, flag in flags:
+        module.training = flag
 
 
 def _raised_in_torch_pruning(error: BaseException) -> bool:
@@ -255,8 +272,7 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
         model.eval()
         yield
     finally:
-        for module, flag in flags:
-            module.training = flag
+        _restore_training_flags(flags)
 
 
 def find_prunable(model: nn.Module, example_input: torch.Tensor) -> list[PrunableUnit]:
