@@ -287,3 +287,36 @@ def test_bad_numerics_keys_exit_2_naming_the_key(
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_verify_runs_in_the_mode_but_times_latency_in_float32(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Accuracy is verified in the run's arithmetic; latency is the deployed float32 model's."""
+    from analysis.planning import verify
+
+    timed: list[bool] = []
+    evaluated: list[bool] = []
+    real_latency, real_measure = verify.median_latency_ms, verify.measure_pruned
+
+    def latency(*args: object, **kwargs: object) -> float:
+        timed.append(torch.is_autocast_enabled("cpu"))
+        return real_latency(*args, **kwargs)  # type: ignore[arg-type]
+
+    def measure(*args: object, **kwargs: object) -> object:
+        evaluated.append(torch.is_autocast_enabled("cpu"))
+        return real_measure(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(verify, "median_latency_ms", latency)
+    monkeypatch.setattr(verify, "measure_pruned", measure)
+    data_dir = tmp_path / "data"
+    write_images(data_dir, "list", [0, 1, 2, 0, 1, 2])
+    section = {"analysis_file": str(tmp_path / "out" / "s.pkl"), "pruned_ratios": [0.5], "metric": "ce",
+               "target_macs_reduction": 0.1, "verify": True}  # fmt: skip
+    config = write_config(
+        tmp_path / "a.yaml", {"Global": tiny_global(data_dir, calib_samples=0), "SensitivityAnalysis": section}
+    )
+    assert run_cli(["--config_path", str(config), "Global.numerics=bf16"]) == 0
+    capsys.readouterr()
+    assert timed and not any(timed)
+    assert evaluated and all(evaluated)

@@ -28,6 +28,7 @@ from torch import nn
 from analysis.engine.batchnorm import batchnorms_named, recalibrate_copy, reestimate
 from analysis.engine.loss import relative_loss
 from analysis.inputs.calibration import CalibrationSet
+from analysis.inputs.numerics import numerics
 from analysis.io.sidecar import (
     CalibrationCheckRecord,
     DensePrunedRecord,
@@ -289,13 +290,14 @@ def verify_plan(
             pruned_cost.macs, pruned_cost.params, plan.pruned.macs, plan.pruned.params,
         )  # fmt: skip
     device = example_input.device
-    latency = {
-        f"batch_{size}": {
-            "dense": median_latency_ms(model, example_input, size),
-            "pruned": median_latency_ms(pruned, example_input, size),
+    with numerics("exact", device):  # the float32 model is what gets deployed, whatever the analysis's arithmetic
+        latency = {
+            f"batch_{size}": {
+                "dense": median_latency_ms(model, example_input, size),
+                "pruned": median_latency_ms(pruned, example_input, size),
+            }
+            for size in latency_batches
         }
-        for size in latency_batches
-    }
     verification = Verification(
         baseline={
             k: float(v) for k, v in baseline.items() if k in ("top1", "top5", "ce", *LABEL_FREE_METRICS, "images")
