@@ -474,8 +474,8 @@ def test_a_model_torch_pruning_cannot_trace_is_one_clear_error(monkeypatch: pyte
 
     real = tp.DependencyGraph.build_dependency
 
-    def broken(self, model, example_inputs, verbose):  # the failure torchvision's shufflenet_v2 gives
-        real(self, model, example_inputs=example_inputs, verbose=verbose)
+    def broken(self, model, example_inputs, **kwargs):  # the failure torchvision's shufflenet_v2 gives
+        real(self, model, example_inputs=example_inputs, **kwargs)
         tp.dependency.index_mapping._FlattenIndexMapping(stride=0, reverse=True)([tp._helpers._HybridIndex(1, 1)])
 
     monkeypatch.setattr(tp.DependencyGraph, "build_dependency", broken)

@@ -9,7 +9,7 @@ import pytest
 
 import analysis
 
-HEAVY = ("torch", "torchvision", "torch_pruning", "matplotlib")
+HEAVY = ("torch", "torchvision", "torch_pruning", "matplotlib", "timm")
 
 
 def imported_after(statement: str) -> set[str]:

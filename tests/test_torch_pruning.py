@@ -6,7 +6,8 @@
 ``dep.target.pruning_dim``, ``idxs``, ``root_idxs``), ``is_out_channel_pruning_fn``, and it builds groups by hand
 (``tp.dependency.Group``, ``add_dep``, ``tp.dependency.Dependency``) with the module-level handlers
 ``tp.prune_linear_out_channels``, ``tp.prune_linear_in_channels`` and ``tp.prune_parameter_out_channels``, which
-it applies itself after setting ``handler.__self__.pruning_dim`` (:func:`analysis.structure.physical._handle`).
+it applies itself after setting ``handler.__self__.pruning_dim`` (:func:`analysis.structure.physical._handle`). It
+passes its own ``BasePruningFunc`` subclasses as ``customized_pruners`` (:mod:`analysis.structure.custom_layers`).
 
 Each test below names the internals it covers and asserts the behaviour the package depends on, on tiny models,
 calling Torch-Pruning directly where the package does. The last test runs the package's own wrappers end to end.
@@ -26,6 +27,7 @@ from torch import nn
 from torch_pruning import ops
 
 from analysis.engine.batchnorm import affected_batchnorms
+from analysis.structure.custom_layers import LayerScalePruner, customized_pruners
 from analysis.structure.groups import (
     PASS_THROUGH,
     _raised_in_torch_pruning,
@@ -128,7 +130,9 @@ class _Tokens(nn.Module):
 def _trace(model: nn.Module, example: torch.Tensor) -> tp.DependencyGraph:
     """Torch-Pruning's graph of ``model``, built exactly as :func:`build_dependency_graph` builds it."""
     with torch.enable_grad():
-        return tp.DependencyGraph().build_dependency(model, example_inputs=example, verbose=False)
+        return tp.DependencyGraph().build_dependency(
+            model, example_inputs=example, verbose=False, customized_pruners=customized_pruners()
+        )
 
 
 def _item(group: Any, target: object) -> Any:
@@ -374,6 +378,40 @@ def test_grouped_conv_members_give_local_and_root_indices() -> None:
     item = _item(group, model.grouped[0])
     assert not graph.is_out_channel_pruning_fn(item.dep.handler)
     assert list(item.idxs) == list(item.root_idxs) == list(range(16))
+
+
+class _StoredShapeScale(nn.Module):
+    """timm's metaformer.Scale: a per-channel parameter reshaped with a shape stored at construction."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.shape = (dim, 1, 1)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale.view(self.shape)
+
+
+def test_customized_pruners_make_a_layer_one_node_with_coupled_inputs_and_outputs() -> None:
+    """``build_dependency(customized_pruners={class: pruner})`` with a ``tp.pruner.function.BasePruningFunc``
+    subclass (:mod:`analysis.structure.custom_layers`): the layer's node has type ``OPTYPE.CUSTOMIZED``, its
+    parameter is no unwrapped parameter, ``get_pruner_of_module`` returns the pruner (by the exact class), the group
+    holds the layer once because ``prune_in_channels`` is ``prune_out_channels`` (an out-channel handler), and the
+    group's handler applied as physical does removes its channels."""
+    pruner = LayerScalePruner()
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), _StoredShapeScale(8), nn.Conv2d(8, 4, 1)).eval()
+    with torch.enable_grad():
+        graph = tp.DependencyGraph().build_dependency(
+            model, example_inputs=torch.randn(IMAGE), verbose=False, customized_pruners={_StoredShapeScale: pruner}
+        )
+    assert graph.module2node[model[1]].type == ops.OPTYPE.CUSTOMIZED and model[1].scale not in graph.module2node
+    assert graph.get_pruner_of_module(model[1]) is pruner
+    group = graph.get_pruning_group(model[0], tp.prune_conv_out_channels, [2, 5])
+    item = _item(group, model[1])
+    assert item.dep.handler == pruner.prune_out_channels and graph.is_out_channel_pruning_fn(item.dep.handler)
+    assert list(item.idxs) == [2, 5] and _item(group, model[2]).dep.handler == tp.prune_conv_in_channels
+    _handle(item, model[1], [2, 5])
+    assert model[1].scale.shape == (6,) and model[1].shape == (6, 1, 1)
 
 
 def test_package_wrappers_on_the_installed_torch_pruning() -> None:

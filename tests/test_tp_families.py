@@ -25,6 +25,7 @@ from torch import nn
 
 from analysis.engine._modes import MaskCheck
 from analysis.errors import ModelError
+from analysis.structure.custom_layers import LayerScalePruner, register, unregister
 from analysis.structure.groups import PrunableUnit, build_dependency_graph, find_prunable
 from analysis.structure.physical import pruned_copy
 
@@ -466,15 +467,48 @@ class PoolFormerLike(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PoolFormer: the layer scale reshapes its parameter with self.shape, a tuple stored at construction "
-    "that removal leaves unchanged (the group is right: the parameter is pruned as an unwrapped parameter)",
-    raises=RuntimeError,
-)
+@pytest.fixture
+def scale_registered() -> Iterator[None]:
+    """``_Scale`` is a customised layer for the test, as timm's ``metaformer.Scale`` is once timm is imported."""
+    register(_Scale, LayerScalePruner())
+    try:
+        yield
+    finally:
+        unregister(_Scale)
+
+
+@pytest.mark.usefixtures("scale_registered")
 def test_e_poolformer_layer_scale_is_exact() -> None:
-    """timm poolformer_s12 (16 of 28 units: "shape '[64, 1, 1]' is invalid for input of size 48" in Scale)."""
-    assert_removal_is_exact(PoolFormerLike(), "stem", [1, 2], {"stem": ([1, 2], 1), "fc2": ([1, 2], 1)})
+    """timm poolformer_s12 (16 of 28 units failed: "shape '[64, 1, 1]' is invalid for input of size 48" in Scale):
+    the layer scale's stored ``shape`` went stale because Torch-Pruning sliced its parameter as an unwrapped one;
+    its customised pruner (:mod:`analysis.structure.custom_layers`) now slices the parameter and rewrites the shape."""
+    unit = assert_removal_is_exact(PoolFormerLike(), "stem", [1, 2], {"stem": ([1, 2], 1), "fc2": ([1, 2], 1)})
+    assert {"scale1 (_Scale, out)", "scale2 (_Scale, out)"} <= set(unit.members)
+
+
+def test_e_an_unregistered_layer_scale_still_fails_physically() -> None:
+    """Control: without its customised pruner the stored shape goes stale, as it did for timm's Scale."""
+    with pytest.raises(RuntimeError, match=r"shape .\[8, 1, 1\]. is invalid for input of size 6"):
+        assert_removal_is_exact(PoolFormerLike(), "stem", [1, 2], {"stem": ([1, 2], 1), "fc2": ([1, 2], 1)})
+
+
+def test_e_timm_poolformer_units_through_a_layer_scale_are_all_evaluated() -> None:
+    """timm poolformer_s12 at 64 px: every unit whose group holds a layer scale is evaluated, by masking or (where a
+    GroupNorm(1, C) normalises across its channels) on a physical copy; none is left out by a failed removal."""
+    timm = pytest.importorskip("timm")  # the optional extra; CI installs it
+    torch.manual_seed(0)
+    model = timm.create_model("poolformer_s12", pretrained=False, num_classes=10).eval()
+    x = torch.randn(2, 3, 64, 64)
+    units = [unit for unit in find_prunable(model, x) if unit.prunable]
+    scaled = [unit for unit in units if any("(Scale, out)" in member for member in unit.members)]
+    assert len(units) == 28 and len(scaled) >= 16, (len(units), len(scaled))
+    checker = MaskCheck(model, build_dependency_graph(model, x), x)
+    modes = {}
+    for unit in scaled:
+        check = checker.choose(unit, list(range(0, unit.channels // 4, 2)), None)
+        modes[unit.name] = check.mode
+        assert check.mode in ("mask", "physical"), (unit.name, check.difference)
+    assert "mask" in modes.values() and "physical" in modes.values(), modes
 
 
 class _ViewScale(nn.Module):

@@ -27,6 +27,7 @@ import torch_pruning as tp
 from torch import nn
 
 from analysis.progress import progress_bar
+from analysis.structure.custom_layers import channel_pruner
 from analysis.structure.groups import (
     PASS_THROUGH,
     build_dependency_graph,
@@ -52,8 +53,8 @@ def changed_sources(graph: tp.DependencyGraph, group: Iterable[Any]) -> list[nn.
         module = item.dep.target.module
         if not list(item.idxs) or isinstance(module, _CHANNEL_PRESERVING) or is_depthwise(module):
             continue
-        if graph.module2node[module].type in PASS_THROUGH:
-            continue
+        if graph.module2node[module].type in PASS_THROUGH or channel_pruner(graph, module) is not None:
+            continue  # op nodes, and customised layers (per-channel scales: remaining channels keep their values)
         if isinstance(module, (nn.modules.conv._ConvNd, nn.Linear)) and is_out_channel_item(graph, item):
             continue
         if module not in sources:

@@ -25,6 +25,7 @@ from analysis.errors import ModelError
 from analysis.inputs.device import model_device
 from analysis.inputs.models import PRIVATE_MODULE_PREFIX
 from analysis.io.atomic import atomic_write_bytes, atomic_write_text, writable_folder
+from analysis.structure.custom_layers import customized_pruners
 from analysis.structure.heads import PrunedMultiheadAttention, is_attention, with_heads
 
 MODEL_FILE = "pruned_model.pt"
@@ -36,10 +37,14 @@ logger = logging.getLogger(__name__)
 
 
 def layer_shapes(model: nn.Module) -> dict[str, dict[str, Any]]:
-    """The size-defining attributes of every conv, linear and norm layer, by module name."""
+    """The size-defining attributes of every conv, linear and norm layer and every customised layer (see
+    :mod:`analysis.structure.custom_layers`), by module name."""
     shapes: dict[str, dict[str, Any]] = {}
+    custom = customized_pruners()
     for name, module in model.named_modules():
-        if isinstance(module, PrunedMultiheadAttention):
+        if type(module) in custom:
+            shapes[name] = {"type": type(module).__name__, "channels": custom[type(module)].channels(module)}
+        elif isinstance(module, PrunedMultiheadAttention):
             shapes[name] = {"type": "PrunedMultiheadAttention", **module.sizes()}
         elif is_attention(module):
             shapes[name] = {"type": type(module).__name__, "num_heads": module.num_heads}
@@ -132,6 +137,10 @@ def _replaced_attention(old: nn.Module, shape: Mapping[str, Any]) -> bool:
 
 def _resized(old: nn.Module, shape: Mapping[str, Any]) -> nn.Module:
     device = model_device(old)
+    custom = customized_pruners().get(type(old))
+    if custom is not None:  # its own pruner shrinks it (the state dict then brings the values)
+        custom.remove(old, list(range(shape["channels"], custom.channels(old))))
+        return old
     if shape.get("type") == "PrunedMultiheadAttention":
         sizes = {k: shape[k] for k in ("embed_dim", "num_heads", "head_dim", "bias", "batch_first", "dropout")}
         return PrunedMultiheadAttention(**sizes).to(device)

@@ -41,6 +41,7 @@ import torch_pruning as tp
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from analysis.structure.custom_layers import channel_pruner
 from analysis.structure.groups import eval_mode, is_out_channel_item, per_channel_extras, removal_group
 from analysis.structure.heads import PrunedMultiheadAttention, mha_shapes
 
@@ -309,7 +310,10 @@ def _pruned_shapes(
             yield tensor, shape
 
     both = len(out_idxs | in_idxs)  # layers whose input and output channels are the same channels
-    if isinstance(module, nn.Parameter):
+    pruner = channel_pruner(graph, module)
+    if pruner is not None and isinstance(module, nn.Module):  # a customised layer (a per-channel scale)
+        yield from pruner.pruned_shapes(module, both)
+    elif isinstance(module, nn.Parameter):
         yield from shrink(module, graph.module2node[module].pruning_dim, both)
     elif isinstance(module, nn.modules.conv._ConvNd):
         if module.groups == module.out_channels > 1:  # depthwise: one filter per channel, in and out coupled

@@ -30,6 +30,7 @@ from analysis.config import UNIT_KINDS
 from analysis.errors import ConfigError, ModelError, did_you_mean
 from analysis.inputs.device import is_out_of_memory
 from analysis.structure._time_limit import TimeLimitReached, time_limit
+from analysis.structure.custom_layers import channel_pruner, customized_pruners
 from analysis.structure.heads import HEADS_SUFFIX, head_layout, heads_group, is_attention, layout_problem, projections
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ RUNAWAY_BUDGET_SECONDS = 60.0
 LATE_SEARCH_SECONDS = 1.0
 CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 """Conv layers whose filters are units (transposed convs are not)."""
-# Layer types whose channel slices we know how to mask and to remove.
+# Layer types whose channel slices we know how to mask and to remove (besides those with a customised pruner).
 SUPPORTED_MEMBERS = (*CONV_TYPES, nn.Linear, nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm, nn.PReLU)
 
 
@@ -135,12 +136,15 @@ def all_parameters_require_grad(model: nn.Module) -> Iterator[None]:
 
 
 def build_dependency_graph(model: nn.Module, example_input: torch.Tensor) -> tp.DependencyGraph:
-    """Trace ``model`` on ``example_input`` (one sample is enough) into a Torch-Pruning dependency graph."""
+    """Trace ``model`` on ``example_input`` (one sample is enough) into a Torch-Pruning dependency graph, with the
+    customised pruners of :mod:`analysis.structure.custom_layers` (every graph of the package is built here)."""
     example = example_input[:1].detach().clone()
     flags = [(module, module.training) for module in model.modules()]
     with all_parameters_require_grad(model), torch.enable_grad():
         try:
-            return tp.DependencyGraph().build_dependency(model, example_inputs=example, verbose=False)
+            return tp.DependencyGraph().build_dependency(
+                model, example_inputs=example, verbose=False, customized_pruners=customized_pruners()
+            )
         except Exception as error:  # Torch-Pruning fails on some graphs (torchvision ShuffleNetV2, Swin-S/B)
             if not _raised_in_torch_pruning(error) or is_out_of_memory(error):
                 raise  # the model's own forward, or the machine
@@ -227,6 +231,15 @@ def removal_group(graph: tp.DependencyGraph, root: nn.Module, channels: Sequence
     if is_attention(root):
         return heads_group(graph, root, indices)
     return graph.get_pruning_group(root, graph.get_pruner_of_module(root).prune_out_channels, indices)
+
+
+def is_supported_member(graph: tp.DependencyGraph, module: Any) -> bool:
+    """True when the package can mask and remove ``module``'s slices as a group member: a layer of
+    :data:`SUPPORTED_MEMBERS`, a bare parameter, an op node, or a layer with a customised pruner
+    (:mod:`analysis.structure.custom_layers`)."""
+    if isinstance(module, (*SUPPORTED_MEMBERS, nn.Parameter)) or channel_pruner(graph, module) is not None:
+        return True
+    return graph.module2node[module].type in PASS_THROUGH
 
 
 def is_out_channel_item(graph: tp.DependencyGraph, item: Any) -> bool:
@@ -366,9 +379,7 @@ def _describe(
         if out_item and module in outputs:
             param.reason = f"coupled to the model output ({names.get(module, type(module).__name__)})"
             return param
-        if not isinstance(module, (*SUPPORTED_MEMBERS, nn.Parameter)) and graph.module2node[module].type not in (
-            PASS_THROUGH
-        ):
+        if not is_supported_member(graph, module):
             param.reason = f"its group contains an unsupported layer ({type(module).__name__})"
             return param
         if module in names and module is not root:

@@ -1,7 +1,8 @@
 """Remove a group's channels in place by zeroing their slices, and restore them bit-exactly.
 
 Zeroing a removed channel's filter, bias and BatchNorm scale/shift makes that channel exactly zero, and zeroing
-every consumer's input slice makes the zero irrelevant downstream, so for BatchNorm-based CNNs the masked network
+every consumer's input slice makes the zero irrelevant downstream (a customised layer, see
+:mod:`analysis.structure.custom_layers`, names its own slices), so for BatchNorm-based CNNs the masked network
 computes what the physically smaller network computes. It does not for layers that normalise across channels
 (LayerNorm/GroupNorm) or ops with f(0) != 0 before a consumer; the engine detects those per parameter by
 comparing against a physically pruned copy (:mod:`analysis.structure.physical`).
@@ -18,6 +19,7 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
+from analysis.structure.custom_layers import channel_pruner
 from analysis.structure.groups import CONV_TYPES, is_depthwise, is_out_channel_item
 from analysis.structure.heads import is_heads_item, mha_slices
 
@@ -36,7 +38,10 @@ def zeroed_slices(graph: tp.DependencyGraph, group: Iterable[Any]) -> list[Slice
             continue
         index = torch.tensor(idxs, dtype=torch.long)
         out = is_out_channel_item(graph, item)
-        if isinstance(module, nn.Parameter):
+        pruner = channel_pruner(graph, module)
+        if pruner is not None:  # a customised layer (timm's PoolFormer layer scale): its pruner knows its slices
+            slices.extend(pruner.mask_slices(module, idxs))
+        elif isinstance(module, nn.Parameter):
             dim = graph.module2node[module].pruning_dim
             slices.append((module.data, (slice(None),) * (dim % module.dim()) + (index,)))
         elif is_heads_item(item):

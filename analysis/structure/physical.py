@@ -2,8 +2,9 @@
 
 Torch-Pruning's low-level handlers are used for every layer except grouped convs' input channels: its handler
 keeps the same local positions in every conv group, which is only right when the removed positions coincide. Here
-each conv group keeps its own surviving positions, which is what removing those input channels means. Attention
-heads are removed by :func:`analysis.structure.heads.remove_heads`.
+each conv group keeps its own surviving positions, which is what removing those input channels means. Layers with a
+customised pruner (:mod:`analysis.structure.custom_layers`) are removed by it: the dependency graph holds it as their
+handler. Attention heads are removed by :func:`analysis.structure.heads.remove_heads`.
 
 :func:`pruned_copy` makes an independent copy (for evaluation, re-estimation, export); :func:`checking_copy` makes
 the cheap one the per-unit mask check needs (it shares untouched tensors and reuses the model's dependency graph).
