@@ -17,15 +17,24 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+import torchvision
 from torch import nn
 
+from analysis import analysis_prune
 from analysis.engine._modes import MaskCheck
 from analysis.errors import ModelError
-from analysis.structure.custom_layers import LayerScalePruner, register, unregister
+from analysis.structure.custom_layers import (
+    SWIN_ATTENTION_REASON,
+    FixedWidthPruner,
+    LayerScalePruner,
+    register,
+    unregister,
+)
 from analysis.structure.groups import PrunableUnit, build_dependency_graph, find_prunable
 from analysis.structure.physical import pruned_copy
 
@@ -213,29 +222,81 @@ def swin_stream(depth: int, channels: Sequence[int]) -> dict[str, tuple[Sequence
     return outputs
 
 
-@pytest.mark.filterwarnings("ignore:Maximum recursive depth reached")
-@pytest.mark.xfail(
-    strict=True,
-    reason="Swin-S/B: the channel count of the merged slices is None (the 500-call budget of shape inference runs "
-    "out on the doubling paths of functional attention) and update_concat_index_mapping sums it before its None check",
-    raises=ModelError,
-)
+@pytest.fixture
+def mixer_registered() -> Iterator[None]:
+    """``_FunctionalMixer`` reports its width to Torch-Pruning and keeps its channels, as torchvision's
+    ``ShiftedWindowAttention`` does once torchvision's Swin module is imported."""
+    register(_FunctionalMixer, FixedWidthPruner(SWIN_ATTENTION_REASON, "proj"))
+    try:
+        yield
+    finally:
+        unregister(_FunctionalMixer)
+
+
+@pytest.mark.usefixtures("mixer_registered")
 def test_b_swin_deep_stage_is_traced() -> None:
-    """torchvision swin_s/swin_b (18 blocks in stage 3: int + NoneType while tracing; swin_t's 6 blocks trace)."""
+    """torchvision swin_s/swin_b (18 blocks in stage 3: 'int + NoneType' while tracing, as the merged slices' width
+    was None once shape inference ran out of its 500 calls on the doubling paths of the functional attention). With
+    the attention a node that reports its width, the recursion stops there and the deep stage traces."""
     model = SwinLike(depth=10)
     assert_removal_is_exact(model, "mlps.0.0", [1, 2], {"mlps.0.0": ([1, 2], -1)})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Swin residual stream: F.linear on a module's weight is invisible to the tracing, and the H/W slices of "
-    "the NHWC tensor are mapped as channel slices (update_slice_index_mapping takes dim 1 of a 4-D tensor as channels)",
-    raises=RuntimeError,
-)
-def test_b_swin_residual_stream_through_patch_merging_is_exact() -> None:
-    """torchvision swin_t's residual stream (shape mismatches when its units are physically removed)."""
-    model = SwinLike(depth=1)
-    assert_removal_is_exact(model, "embed", [1, 2], swin_stream(1, [1, 2]))
+@pytest.mark.usefixtures("mixer_registered")
+def test_b_swin_residual_stream_units_carry_the_reason() -> None:
+    """torchvision swin_t's residual stream: removing its channels is not defined (the attention reshapes to
+    ``C // num_heads`` of the stream's width C), so every unit on it is left out with that reason, not with a
+    Torch-Pruning error or a wrong group."""
+    units = {u.module_name: u for u in find_prunable(SwinLike(depth=2).eval(), torch.randn(IMAGE))}
+    for name in ("embed", "mlps.0.2", "mlps.1.2"):
+        assert units[name].reason == SWIN_ATTENTION_REASON, (name, units[name].reason)
+    assert units["mlps.0.0"].prunable and units["mlps.1.0"].prunable
+
+
+def test_b_the_fixed_width_pruner_refuses_removal() -> None:
+    pruner = FixedWidthPruner(SWIN_ATTENTION_REASON, "proj")
+    mixer = _FunctionalMixer(8)
+    assert pruner.get_in_channels(mixer) == pruner.get_out_channels(mixer) == 8
+    with pytest.raises(ValueError, match="head width"):
+        pruner.prune_out_channels(mixer, [1])
+    with pytest.raises(ValueError, match="head width"):
+        pruner.prune_in_channels(mixer, [1])
+
+
+SWIN_MLP = ("features.1.0.mlp.0", "features.5.3.mlp.0")
+
+
+def test_b_torchvision_swin_t_traces_and_leaves_only_its_stream_out(tmp_path: Path) -> None:
+    """torchvision swin_t at 64 px: traced with its attention as a node, every unit whose group holds the residual
+    stream (the patch embedding, each mlp.3 and reduction) and every heads unit carry the reason, and the MLP hidden
+    neurons are analysed (masked or on a physical copy) without a Torch-Pruning error."""
+    torch.manual_seed(0)
+    model = torchvision.models.swin_t(num_classes=10).eval()
+    x = torch.randn(2, 3, 64, 64)
+    units = find_prunable(model, x)
+    reasons = {u.module_name: u.reason for u in units}
+    streams = [u for u in units if u.reason == SWIN_ATTENTION_REASON]
+    assert reasons["features.0.0"] == reasons["features.1.0.mlp.3"] == reasons["features.2.reduction"]
+    assert reasons["features.0.0"] == reasons["features.1.0.attn"] == SWIN_ATTENTION_REASON
+    assert len(streams) == 12 + 12 + 3 + 1, len(streams)  # mlp.3, heads, reductions, patch embedding
+    prunable = [u.module_name for u in units if u.prunable]
+    assert sorted(prunable) == sorted(n for n in reasons if n.endswith(".mlp.0")) and len(prunable) == 12
+    checker = MaskCheck(model, build_dependency_graph(model, x), x)
+    by_name = {u.module_name: u for u in units}
+    for name in SWIN_MLP:
+        assert checker.choose(by_name[name], [1, 5, 9], None).mode in ("mask", "physical")
+    ratios = analysis_prune(model, [(x, torch.tensor([1, 2]))], tmp_path / "swin.pkl", pruned_ratios=(0.5,),
+                            target_loss=0.5, prune_params=[f"{n}.weight" for n in SWIN_MLP], units=("linear",),
+                            progress=False)  # fmt: skip
+    assert sorted(ratios) == sorted(f"{n}.weight" for n in SWIN_MLP)
+
+
+def test_b_torchvision_swin_s_traces() -> None:
+    """torchvision swin_s (18 blocks in stage 3) raised 'int + NoneType' while tracing; now it traces."""
+    model = torchvision.models.swin_s(num_classes=10).eval()
+    graph = build_dependency_graph(model, torch.randn(1, 3, 64, 64))
+    attention = model.features[5][17].attn
+    assert attention in graph.module2node
 
 
 class TimmPatchMerging(nn.Module):

@@ -10,6 +10,11 @@ parameter and rewrites the stored shape together.
 Each pruner also says what masking zeroes (:meth:`ChannelPruner.mask_slices`) and which shapes removal leaves
 (:meth:`ChannelPruner.pruned_shapes`), so that masking, physical removal and cost counting treat the module alike.
 
+A layer whose channels cannot be removed at all gets a :class:`FixedWidthPruner`: it only reports its width, so
+that Torch-Pruning traces the layer as one node (torchvision's ``ShiftedWindowAttention`` calls ``F.linear`` on its
+own weights, which the tracing cannot follow), and every unit whose group holds it is left out with its reason;
+removal raises rather than slicing.
+
 The registry is keyed by class (Torch-Pruning looks customised pruners up by the exact class). Classes of optional
 packages (timm) are named by module and class name and take part once their module is imported (a model holding
 one has imported it): nothing here imports them, so ``import analysis`` stays free of timm.
@@ -97,12 +102,48 @@ class LayerScalePruner(ChannelPruner):
         return [(vector, [vector.shape[0] - count])] if count else []
 
 
-_REGISTERED: dict[type[nn.Module], ChannelPruner] = {}
-OPTIONAL: dict[tuple[str, str], ChannelPruner] = {("timm.models.metaformer", "Scale"): LayerScalePruner()}
+class FixedWidthPruner(BasePruningFunc):  # type: ignore[misc]  # Torch-Pruning is unannotated
+    """A customised pruner for a layer whose channels cannot be removed: it reports the layer's width (the input
+    features of its Linear ``linear``, which are also its output channels) so that Torch-Pruning can trace through
+    it, and refuses every removal. The package leaves each unit whose group holds such a layer out with ``reason``."""
+
+    def __init__(self, reason: str, linear: str) -> None:
+        super().__init__(pruning_dim=0)
+        self.reason, self.linear = reason, linear
+
+    def prune_out_channels(self, layer: nn.Module, idxs: Sequence[int]) -> nn.Module:
+        raise ValueError(f"cannot remove channels of {type(layer).__name__}: {self.reason}")
+
+    prune_in_channels = prune_out_channels
+
+    def get_out_channels(self, layer: nn.Module) -> int:
+        linear = getattr(layer, self.linear)
+        assert isinstance(linear, nn.Linear), f"{type(layer).__name__}.{self.linear}"
+        return int(linear.in_features)
+
+    get_in_channels = get_out_channels
+
+
+SWIN_ATTENTION_REASON = (
+    "the attention derives its head width from the residual stream's width (torchvision ShiftedWindowAttention)"
+)
+"""torchvision's ``ShiftedWindowAttention`` reshapes ``qkv`` to ``(..., 3, num_heads, C // num_heads)`` with ``C``
+the width of its input (swin_transformer.py:180): neither stream channels nor heads can be removed alone."""
+
+Pruner = ChannelPruner | FixedWidthPruner
+"""A customised pruner of the registry."""
+
+_SWIN = "torchvision.models.swin_transformer"
+_REGISTERED: dict[type[nn.Module], Pruner] = {}
+OPTIONAL: dict[tuple[str, str], Pruner] = {
+    ("timm.models.metaformer", "Scale"): LayerScalePruner(),
+    (_SWIN, "ShiftedWindowAttention"): FixedWidthPruner(SWIN_ATTENTION_REASON, "qkv"),
+    (_SWIN, "ShiftedWindowAttentionV2"): FixedWidthPruner(SWIN_ATTENTION_REASON, "qkv"),
+}
 """Classes of optional packages, by ``(module, class name)``: used once that module is imported."""
 
 
-def register(layer_type: type[nn.Module], pruner: ChannelPruner) -> None:
+def register(layer_type: type[nn.Module], pruner: Pruner) -> None:
     """Make every module of exactly ``layer_type`` a customised layer removed and masked by ``pruner``."""
     _REGISTERED[layer_type] = pruner
 
@@ -112,10 +153,10 @@ def unregister(layer_type: type[nn.Module]) -> None:
     _REGISTERED.pop(layer_type, None)
 
 
-def customized_pruners() -> dict[type[nn.Module], ChannelPruner]:
+def customized_pruners() -> dict[type[nn.Module], Pruner]:
     """The pruners to pass to ``DependencyGraph.build_dependency(customized_pruners=...)``: the registered classes
     and those of :data:`OPTIONAL` whose module is imported."""
-    found: dict[type[nn.Module], ChannelPruner] = {}
+    found: dict[type[nn.Module], Pruner] = {}
     for (module_name, class_name), pruner in OPTIONAL.items():
         layer_type = getattr(sys.modules.get(module_name), class_name, None)
         if isinstance(layer_type, type) and issubclass(layer_type, nn.Module):
@@ -130,3 +171,11 @@ def channel_pruner(graph: Any, module: object) -> ChannelPruner | None:
         return None
     pruner = graph.get_pruner_of_module(module)
     return pruner if isinstance(pruner, ChannelPruner) else None
+
+
+def fixed_width_pruner(graph: Any, module: object) -> FixedWidthPruner | None:
+    """The customised pruner that keeps ``module``'s channels in ``graph`` (a ``tp.DependencyGraph``), or None."""
+    if not isinstance(module, nn.Module):
+        return None
+    pruner = graph.get_pruner_of_module(module)
+    return pruner if isinstance(pruner, FixedWidthPruner) else None

@@ -30,7 +30,7 @@ from analysis.config import UNIT_KINDS
 from analysis.errors import ConfigError, ModelError, did_you_mean
 from analysis.inputs.device import is_out_of_memory
 from analysis.structure._time_limit import TimeLimitReached, time_limit
-from analysis.structure.custom_layers import channel_pruner, customized_pruners
+from analysis.structure.custom_layers import channel_pruner, customized_pruners, fixed_width_pruner
 from analysis.structure.heads import HEADS_SUFFIX, head_layout, heads_group, is_attention, layout_problem, projections
 
 logger = logging.getLogger(__name__)
@@ -378,6 +378,10 @@ def _describe(
         out_item = is_out_channel_item(graph, item)
         if out_item and module in outputs:
             param.reason = f"coupled to the model output ({names.get(module, type(module).__name__)})"
+            return param
+        fixed = fixed_width_pruner(graph, module)
+        if fixed is not None:
+            param.reason = fixed.reason
             return param
         if not is_supported_member(graph, module):
             param.reason = f"its group contains an unsupported layer ({type(module).__name__})"

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 import torch_pruning as tp
 from torch import nn
 
+from analysis.structure.custom_layers import SWIN_ATTENTION_REASON
+
 HEADS_SUFFIX = ".heads"
 """Units of heads are named ``<attention module>.heads`` in the analysis file."""
 
@@ -80,6 +82,8 @@ def is_attention(module: nn.Module) -> bool:
 
 def layout_problem(module: nn.Module) -> str | None:
     """Why the heads of an attention module cannot be removed, or None when they can."""
+    if type(module).__module__ == "torchvision.models.swin_transformer":  # its head width is the stream's / heads
+        return SWIN_ATTENTION_REASON
     if isinstance(module, nn.MultiheadAttention):
         if not module._qkv_same_embed_dim or module.in_proj_weight is None:
             return "MultiheadAttention with separate kdim/vdim projections is not supported"
