@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import platform
@@ -64,6 +63,8 @@ import torchvision
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # this checkout's package, even where an editable install points elsewhere
+
+from bench_engine import evenly_spaced, load_bench_data  # noqa: E402  # this script's folder: the engine benchmark
 
 from analysis.config import Config, load_config  # noqa: E402
 from analysis.engine.batchnorm import BatchNorm, reestimate  # noqa: E402
@@ -286,16 +287,6 @@ def job_config(yaml: Path, mode: str, engine: str) -> Config:
     overrides = [f"Global.numerics={mode}", f"SensitivityAnalysis.engine={engine}",
                  f"SensitivityAnalysis.analysis_file={analysis_file}"]  # fmt: skip
     return load_config(yaml, overrides)
-
-
-def evenly_spaced(names: list[str], limit: int | None) -> list[str]:
-    """All names, or ``limit`` of them spread evenly over the model (first and last included)."""
-    if limit is None or limit >= len(names):
-        return names
-    if limit == 1:
-        return names[:1]
-    step = (len(names) - 1) / (limit - 1)
-    return [names[round(i * step)] for i in range(limit)]
 
 
 def prunable_units(inputs: Inputs) -> list[str]:
@@ -636,16 +627,6 @@ LEGEND = (
 
 
 # ---------------------------------------------------------------------------------------------------------- main
-
-
-def load_bench_data() -> Any:
-    """The synthetic-JPEG generator shared with ``bench_data.py``."""
-    spec = importlib.util.spec_from_file_location("bench_data", Path(__file__).with_name("bench_data.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_data"] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
