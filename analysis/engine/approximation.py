@@ -51,19 +51,20 @@ def mask_tolerance(noise: float | None) -> float:
 
 
 def measure_approximation(
-    model: nn.Module, data: AnalysisData, images: torch.Tensor, mode: str, metric: str, stored: NumericsRecord
-) -> NumericsRecord:
-    """The logit noise of ``mode`` on ``images`` (the check images) and, unless the metric is label-free, the dense
-    model's exact metrics, each unless ``stored`` (the file's record under the same mode, model and data) holds it."""
-    noise = stored.logit_noise
-    if noise is None:
-        noise = logit_noise(model, images, mode)
-    exact = stored.exact_baseline
-    if exact is None and metric not in LABEL_FREE_METRICS:  # a label-free metric's baseline is fixed by definition
+    model: nn.Module, data: AnalysisData, images: torch.Tensor, mode: str, metric: str, record: NumericsRecord
+) -> None:
+    """Fill in ``record`` (the file's, under the same mode, model and data) what it lacks: the logit noise of ``mode``
+    on ``images`` (the check images) and, unless the metric is label-free, the dense model's exact metrics."""
+    if record.logit_noise is None:
+        record.logit_noise = logit_noise(model, images, mode)
+    if record.exact_baseline is None and metric not in LABEL_FREE_METRICS:  # a label-free baseline is fixed
         with numerics("exact", data.example_input.device):
-            exact = dict(data.evaluate(model))
-        logger.info("Baseline in exact float32 (to measure how far %s moves a loss): %s", mode, format_metrics(exact))
-    return NumericsRecord(mode=mode, logit_noise=noise, exact_baseline=exact)
+            record.exact_baseline = dict(data.evaluate(model))
+        logger.info(
+            "Baseline in exact float32 (to measure how far %s moves a loss): %s",
+            mode,
+            format_metrics(record.exact_baseline),
+        )
 
 
 def loss_shift(exact: Metrics, approximate: Metrics, metric: str, metric_mode: str) -> float:

@@ -257,29 +257,26 @@ class SensitivityEngine:
 
     def measure_approximation(self) -> NumericsRecord:
         """In a speed mode: how far it moves the dense model's logits (which sets the masked-versus-physical
-        tolerance) and its exact baseline (to state how far it moves a loss), measured or read from the file."""
-        mode = self.settings.numerics
-        approximation = measure_approximation(
-            self.model, self.data, self.check_input, mode, self.settings.metric, self.store.numerics
-        )
-        self.mask_check.tolerance = mask_tolerance(approximation.logit_noise)
-        self.store.numerics.logit_noise = approximation.logit_noise
-        self.store.numerics.mask_tolerance = self.mask_check.tolerance
-        self.store.numerics.exact_baseline = approximation.exact_baseline
+        tolerance) and its exact baseline (to state how far it moves a loss), measured or read from the file's
+        record, which keeps them."""
+        mode, record = self.settings.numerics, self.store.numerics
+        measure_approximation(self.model, self.data, self.check_input, mode, self.settings.metric, record)
+        assert record.logit_noise is not None  # measured above when the file lacked it
+        self.mask_check.tolerance = record.mask_tolerance = mask_tolerance(record.logit_noise)
         logger.warning(
             "Global.numerics is %s: every loss is approximate. On this model %s moves the dense model's logits by up "
             "to %.2g of the largest (masking is checked against removal within %.2g).",
-            mode, mode, approximation.logit_noise, self.mask_check.tolerance,
+            mode, mode, record.logit_noise, self.mask_check.tolerance,
         )  # fmt: skip
-        return approximation
+        return record
 
-    def record_loss_shift(self, approximation: NumericsRecord, baseline: Metrics) -> None:
-        """Store and say the loss the speed mode alone gives the dense model (when its exact baseline is known)."""
-        exact, metric = approximation.exact_baseline, self.settings.metric
+    def record_loss_shift(self, record: NumericsRecord, baseline: Metrics) -> None:
+        """Store in ``record`` and say the loss the speed mode alone gives the dense model (when its exact baseline
+        is known)."""
+        exact, metric = record.exact_baseline, self.settings.metric
         if exact is None or metric not in exact or metric not in baseline:
             return
-        shift = loss_shift(exact, baseline, metric, self.settings.metric_mode)
-        self.store.numerics.loss_shift = shift
+        record.loss_shift = shift = loss_shift(exact, baseline, metric, self.settings.metric_mode)
         logger.warning(
             "%s alone gives the dense model a loss of %+.4f against exact float32 (%s %.4f in float32, %.4f under "
             "%s); read the losses with that in mind.",

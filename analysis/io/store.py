@@ -188,8 +188,7 @@ class AnalysisStore:
         """Note that numbers are now computed under ``mode`` on ``machine``; return the other machines that computed
         numbers in this file before (the fingerprint already refused another mode)."""
         numerics = self.numerics
-        if numerics.mode != mode:  # a new file, or one written before the mode was recorded (exact)
-            numerics.mode = mode
+        numerics.mode = mode  # a file of another mode was refused by the fingerprint; older files lack the key
         machines = numerics.machines if numerics.machines is not None else []
         others = [known for known in machines if known.to_json() != machine.to_json()]
         if len(others) == len(machines):
