@@ -1,7 +1,8 @@
 """The arithmetic of every forward pass (``Global.numerics``), set for one job and restored after it.
 
-PyTorch's defaults are not exact on a GPU: cuDNN convolutions may run in TF32 (about 1e-3 relative error on Ampere
-and newer) and pick algorithms by benchmarking, so two runs need not agree to the bit. This tool's product is exact
+PyTorch's defaults are not exact on a GPU: ``cudnn.allow_tf32`` is on (cuDNN convolutions may run in TF32 on Ampere
+and newer) and ``cudnn.deterministic`` off (non-deterministic algorithms may be chosen), so two runs need not agree
+to the bit. This tool's product is exact
 numbers, so ``exact`` (the default) turns TF32 off for cuDNN and matmuls, asks for deterministic cuDNN algorithms
 and turns benchmarking off; ``tf32`` and ``bf16`` are opt-in speed modes (``bf16`` runs the forward passes under
 bfloat16 autocast). Algorithms stay deterministic in every mode, so the fast engine still gives the reference
