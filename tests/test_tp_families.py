@@ -798,3 +798,30 @@ def test_h_levit_cache_filled_by_tracing_does_not_break_the_copy() -> None:
     protocol'): tracing runs the model in eval mode with autograd on, so an eval-mode cache kept a tensor of the
     trace's graph; the modules now drop such caches through their own ``train()`` after tracing."""
     assert_removal_is_exact(CachedGateNet(), "conv1", [1, 2], {"conv1": ([1, 2], 1)})
+
+
+def test_h_levit_head_structured_layers_carry_the_reason_and_the_rest_remove() -> None:
+    """timm levit_128s: the ``qkv``/``kv``/``q`` layers are viewed per head with stored head widths, so removing
+    their features breaks the forward (checked here), and they carry that reason. Every other prunable unit is
+    physically removable at ratio 0.5 (a sample of them, spread over the model)."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("levit_128s", num_classes=10, img_size=64).eval()
+    x = torch.randn(1, 3, 64, 64)
+    units = find_prunable(model, x)
+    head_structured = [u for u in units if u.reason and "viewed per attention head" in u.reason]
+    names = {u.module_name for u in head_structured}
+    assert names == {
+        *(f"stages.{s}.blocks.{b}.attn.qkv.linear" for s, blocks in enumerate((2, 3, 4)) for b in range(blocks)),
+        *(f"stages.{s}.downsample.attn_downsample.{p}" for s in (1, 2) for p in ("kv.linear", "q.ln.linear")),
+    }
+    qkv = "stages.0.blocks.0.attn.qkv.linear"
+    broken = pruned_copy(model, qkv, [0, 2, 4], x)  # traces the copy: autograd must be on
+    with pytest.raises(RuntimeError, match="invalid for input of size"), torch.inference_mode():
+        broken(x)  # the reason is a fact: the per-head view breaks
+    prunable = [u for u in units if u.prunable]
+    assert len(prunable) == len(units) - len(head_structured) - 2  # the two classifier heads
+    for unit in prunable[:: max(1, len(prunable) // 6)]:
+        copy_ = pruned_copy(model, unit.module_name, list(range(0, unit.channels, 2)), x)
+        with torch.inference_mode():
+            assert copy_(x).shape == (1, 10)

@@ -31,7 +31,16 @@ from analysis.errors import ConfigError, ModelError, did_you_mean
 from analysis.inputs.device import is_out_of_memory
 from analysis.structure._time_limit import TimeLimitReached, time_limit
 from analysis.structure.custom_layers import channel_pruner, customized_pruners, fixed_width_pruner
-from analysis.structure.heads import HEADS_SUFFIX, head_layout, heads_group, is_attention, layout_problem, projections
+from analysis.structure.heads import (
+    HEADS_SUFFIX,
+    head_layout,
+    head_structured_layers,
+    head_structured_reason,
+    heads_group,
+    is_attention,
+    layout_problem,
+    projections,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -319,13 +328,16 @@ def unit_name(module_name: str, module: nn.Module) -> str:
 
 
 def _projection_owners(modules: dict[str, nn.Module]) -> dict[nn.Module, str]:
-    """Linear layers whose outputs are heads (``qkv``, MultiheadAttention's ``out_proj``) -> their attention's name."""
+    """Layers whose outputs are attention heads (``qkv``, MultiheadAttention's ``out_proj``, LeViT's ``qkv``) ->
+    why they are not units themselves."""
     owners: dict[nn.Module, str] = {}
     for name, module in modules.items():
         if isinstance(module, nn.MultiheadAttention):
-            owners[module.out_proj] = name
+            owners[module.out_proj] = _projection_reason(name)
         elif is_attention(module):
-            owners[projections(module)[0]] = name  # qkv
+            owners[projections(module)[0]] = _projection_reason(name)  # qkv
+        else:
+            owners.update(dict.fromkeys(head_structured_layers(module), head_structured_reason(module)))
     return owners
 
 
@@ -335,7 +347,7 @@ def _unused(name: str, module: nn.Module, owners: dict[nn.Module, str]) -> Pruna
     assert kind is not None
     param = PrunableUnit(unit_name(name, module), name, unit_shape(module), "not used by the forward pass", kind=kind)
     if module in owners:
-        param.reason = _projection_reason(owners[module])
+        param.reason = owners[module]
     return param
 
 
@@ -358,7 +370,7 @@ def _describe(
     if kind == "heads":
         return _describe_heads(param, root, graph, names)
     if root in owners:
-        param.reason = _projection_reason(owners[root])
+        param.reason = owners[root]
     elif is_depthwise(root):
         param.reason = "depthwise conv: pruned together with the conv that produces its input channels"
     elif isinstance(root, CONV_TYPES) and root.groups > 1:

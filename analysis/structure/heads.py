@@ -30,6 +30,14 @@ HEADS_SUFFIX = ".heads"
 # Attributes of timm-style attention modules that hold one entry per head on their last dimension.
 _PER_HEAD_TABLES = ("relative_position_bias_table",)
 
+HEAD_STRUCTURED: dict[tuple[str, str], tuple[str, ...]] = {
+    ("timm.models.levit", "Attention"): ("qkv",),
+    ("timm.models.levit", "AttentionDownsample"): ("kv", "q"),
+}
+"""Attention classes whose heads are not a unit, by ``(module, class name)``, and the children whose outputs they
+view per head: ``qkv(x).view(B, N, heads, -1).split([key_dim, key_dim, val_dim], dim=3)`` (timm levit.py) reads
+a stored per-head width, so removing single output features of these layers is not defined."""
+
 
 @dataclass(frozen=True)
 class HeadLayout:
@@ -90,6 +98,22 @@ def layout_problem(module: nn.Module) -> str | None:
         if module.bias_k is not None or module.add_zero_attn:
             return "MultiheadAttention with add_bias_kv or add_zero_attn is not supported"
     return None
+
+
+def head_structured_layers(module: nn.Module) -> list[nn.Module]:
+    """The conv and Linear layers whose outputs ``module`` (a class of :data:`HEAD_STRUCTURED`) views per head."""
+    children = HEAD_STRUCTURED.get((type(module).__module__, type(module).__name__), ())
+    return [
+        layer
+        for child in children
+        for layer in getattr(module, child).modules()
+        if isinstance(layer, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))
+    ]
+
+
+def head_structured_reason(module: nn.Module) -> str:
+    """Why the layers of :func:`head_structured_layers` are not units."""
+    return f"its outputs are viewed per attention head by {type(module).__name__}, which stores the width of a head"
 
 
 def projections(module: nn.Module) -> list[nn.Module]:
