@@ -30,7 +30,7 @@ from analysis.config import UNIT_KINDS
 from analysis.errors import ConfigError, ModelError, did_you_mean
 from analysis.inputs.device import is_out_of_memory
 from analysis.structure._time_limit import TimeLimitReached, time_limit
-from analysis.structure.custom_layers import channel_pruner, customized_pruners, fixed_width_pruner
+from analysis.structure.custom_layers import FixedWidthPruner, channel_pruner, customized_pruners, fixed_width_pruner
 from analysis.structure.heads import (
     HEADS_SUFFIX,
     head_layout,
@@ -439,7 +439,7 @@ def _search_group(
     seconds = budget.limit()
     try:
         with time_limit(seconds):
-            return full_group(graph, root), ""
+            return _fixed_width_probe(graph, root) or full_group(graph, root), ""
     except TimeLimitReached:
         budget.ran_out(seconds)
         return None, f"Torch-Pruning's group search did not finish in {seconds:g} s of CPU time"
@@ -449,6 +449,17 @@ def _search_group(
         logger.debug("Torch-Pruning could not build a group", exc_info=True)
         text = str(error).splitlines()[0][:160] if str(error) else ""
         return None, f"Torch-Pruning could not build its group ({type(error).__name__}: {text})"
+
+
+def _fixed_width_probe(graph: tp.DependencyGraph, root: nn.Module) -> tp.dependency.Group | None:
+    """The group of ``root``'s first channel when it holds a layer of fixed width, else None.
+
+    That group is part of the full group, so its fixed-width layer is the unit's reason (see :func:`_describe`)
+    without the full search, which costs seconds per unit on a long residual stream (torchvision Swin-S/B)."""
+    if not any(isinstance(pruner, FixedWidthPruner) for pruner in graph.CUSTOMIZED_PRUNERS.values()):
+        return None
+    probe = removal_group(graph, root, [0])
+    return probe if any(fixed_width_pruner(graph, item.dep.target.module) for item in probe) else None
 
 
 def _describe_heads(
