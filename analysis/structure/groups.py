@@ -30,7 +30,9 @@ from analysis.config import UNIT_KINDS
 from analysis.errors import ConfigError, ModelError, did_you_mean
 from analysis.inputs.device import is_out_of_memory
 from analysis.structure._time_limit import TimeLimitReached, time_limit
+from analysis.structure.channel_flow import ChannelFlow, trace_channel_flow
 from analysis.structure.custom_layers import FixedWidthPruner, channel_pruner, customized_pruners, fixed_width_pruner
+from analysis.structure.flow_groups import CoupledGraph, choose_group
 from analysis.structure.heads import (
     HEADS_SUFFIX,
     head_layout,
@@ -149,11 +151,16 @@ def build_dependency_graph(model: nn.Module, example_input: torch.Tensor) -> tp.
     customised pruners of :mod:`analysis.structure.custom_layers` (every graph of the package is built here)."""
     example = example_input[:1].detach().clone()
     flags = [(module, module.training) for module in model.modules()]
+    graph = CoupledGraph()
+    graph.names = {module: name for name, module in model.named_modules()}
+    graph.names.update({param: name for name, param in model.named_parameters()})
+    graph.flow = _channel_flow(model, example)
     with all_parameters_require_grad(model), torch.enable_grad():
         try:
-            return tp.DependencyGraph().build_dependency(
+            built: tp.DependencyGraph = graph.build_dependency(
                 model, example_inputs=example, verbose=False, customized_pruners=customized_pruners()
             )
+            return built
         except Exception as error:  # Torch-Pruning fails on some graphs (torchvision ShuffleNetV2, Swin-S/B)
             if not _raised_in_torch_pruning(error) or is_out_of_memory(error):
                 raise  # the model's own forward, or the machine
@@ -164,6 +171,22 @@ def build_dependency_graph(model: nn.Module, example_input: torch.Tensor) -> tp.
             ) from error
         finally:
             _restore_training_flags(flags)
+
+
+def _channel_flow(model: nn.Module, example: torch.Tensor) -> ChannelFlow | None:
+    """The model's channel flow, or None (logged) when a forward pass under the label tracer fails: Torch-Pruning's
+    groups are then used as they are."""
+    flags = [(module, module.training) for module in model.modules()]
+    try:
+        return trace_channel_flow(model, example)
+    except Exception as error:
+        if is_out_of_memory(error):
+            raise
+        logger.warning("The channel flow of %s could not be traced (%s: %s); using Torch-Pruning's groups alone",
+                       type(model).__name__, type(error).__name__, error)  # fmt: skip
+        return None
+    finally:
+        _restore_training_flags(flags)
 
 
 def _restore_training_flags(flags: Sequence[tuple[nn.Module, bool]]) -> None:
@@ -239,7 +262,13 @@ def removal_group(graph: tp.DependencyGraph, root: nn.Module, channels: Sequence
     indices = sorted(int(c) for c in channels)
     if is_attention(root):
         return heads_group(graph, root, indices)
-    return graph.get_pruning_group(root, graph.get_pruner_of_module(root).prune_out_channels, indices)
+
+    def torch_pruning_group() -> tp.dependency.Group:
+        return graph.get_pruning_group(root, graph.get_pruner_of_module(root).prune_out_channels, indices)
+
+    if isinstance(graph, CoupledGraph):
+        return choose_group(graph, root, indices, torch_pruning_group)
+    return torch_pruning_group()
 
 
 def is_supported_member(graph: tp.DependencyGraph, module: Any) -> bool:
