@@ -48,7 +48,7 @@ class Part:
         source: The layer producing the submodule's input in ``graph`` (not part of the model).
         sink: The layer consuming the submodule's output in ``graph`` (not part of the model).
         order: When the forward pass calls it, among the parts.
-        model_output: Whether its output is the model's output.
+        model_output: Whether the model's output is its output (or a view of it).
     """
 
     name: str
@@ -276,5 +276,12 @@ def _traced_part(name: str, module: nn.Module, call: _Call, trace: Trace, output
     graph = trace(_Bounded(module, source, sink), x.detach().clone())
     if graph is None:
         return None
-    model_output = any(output is out for out in outputs)
+    model_output = any(_shares_data(output, out) for out in outputs)
     return Part(name, module, graph, source, sink, call.order, model_output)
+
+
+def _shares_data(part_output: torch.Tensor, model_output: Any) -> bool:
+    """Whether ``model_output`` is ``part_output`` or a view of it (timm's conv classifier, then ``flatten``)."""
+    return isinstance(model_output, torch.Tensor) and (
+        part_output.untyped_storage().data_ptr() == model_output.untyped_storage().data_ptr()
+    )
