@@ -41,6 +41,7 @@ from analysis.structure.heads import (
     layout_problem,
     projections,
 )
+from analysis.structure.submodule_graphs import left_out_reason, trace_parts
 
 logger = logging.getLogger(__name__)
 
@@ -151,12 +152,13 @@ def build_dependency_graph(model: nn.Module, example_input: torch.Tensor) -> tp.
     flags = [(module, module.training) for module in model.modules()]
     with all_parameters_require_grad(model), torch.enable_grad():
         try:
-            return tp.DependencyGraph().build_dependency(
-                model, example_inputs=example, verbose=False, customized_pruners=customized_pruners()
-            )
+            return _trace(model, example)
         except Exception as error:  # Torch-Pruning fails on some graphs (torchvision ShuffleNetV2, Swin-S/B)
             if not _raised_in_torch_pruning(error) or is_out_of_memory(error):
                 raise  # the model's own forward, or the machine
+            parts = trace_parts(model, example, _trace_or_none, lambda module: unit_kind(module) is not None)
+            if parts is not None:
+                return parts  # the submodules that trace, each on its own (:mod:`.submodule_graphs`)
             text = str(error).splitlines()[0][:160] if str(error) else ""
             raise ModelError(
                 f"Torch-Pruning cannot trace the channel dependencies of this {type(model).__name__} "
@@ -164,6 +166,24 @@ def build_dependency_graph(model: nn.Module, example_input: torch.Tensor) -> tp.
             ) from error
         finally:
             _restore_training_flags(flags)
+
+
+def _trace(model: nn.Module, example: torch.Tensor) -> tp.DependencyGraph:
+    """Torch-Pruning's graph of ``model`` with the package's customised pruners (it raises where it cannot trace)."""
+    return tp.DependencyGraph().build_dependency(
+        model, example_inputs=example, verbose=False, customized_pruners=customized_pruners()
+    )
+
+
+def _trace_or_none(model: nn.Module, example: torch.Tensor) -> tp.DependencyGraph | None:
+    """The graph of ``model``, or None when Torch-Pruning raises while tracing it."""
+    try:
+        return _trace(model, example)
+    except Exception as error:
+        if not _raised_in_torch_pruning(error) or is_out_of_memory(error):
+            raise
+        logger.debug("Torch-Pruning cannot trace %s", type(model).__name__, exc_info=True)
+        return None
 
 
 def _restore_training_flags(flags: Sequence[tuple[nn.Module, bool]]) -> None:
@@ -377,6 +397,8 @@ def _describe(
         param.reason = f"grouped conv (groups={root.groups}): pruned only as a member of another conv's group"
     elif param.channels < 2:
         param.reason = f"has a single output {'feature' if kind == 'linear' else 'channel'}"
+    elif (outside := left_out_reason(graph, root, name)) is not None:
+        param.reason = outside  # a model traced in parts: the group leaves its part
     elif root not in graph.module2node:
         param.reason = "not reached by dependency tracing"
     if param.reason:
