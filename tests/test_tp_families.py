@@ -731,12 +731,6 @@ class ViTLike(nn.Module):
         return self.head(x[:, 0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ViT: the residual stream's group holds nn.MultiheadAttention, which the package does not support; "
-    "Torch-Pruning's MHA pruner would also remove the same indices from q/k/v (moving the head boundaries)",
-    raises=AssertionError,
-)
 def test_g_vit_residual_stream_through_multihead_attention_is_exact() -> None:
     """torchvision vit_b_16 (conv_proj and every mlp.3: 'its group contains an unsupported layer')."""
     outputs = {"conv_proj": ([1, 2], 1), "self_attention": ([1, 2], -1), "mlp.2": ([1, 2], -1)}

@@ -420,6 +420,10 @@ def _describe(
         if not is_supported_member(graph, module):
             param.reason = f"its group contains an unsupported layer ({type(module).__name__})"
             return param
+        custom = channel_pruner(graph, module)
+        if custom is not None and custom.problem(module) is not None:
+            param.reason = custom.problem(module)
+            return param
         if module in names and module is not root:
             role = "out" if out_item else "in"
             param.members.append(f"{names[module]} ({type(module).__name__}, {role})")
