@@ -341,7 +341,8 @@ def test_hand_built_group_of_linear_rows_masks_and_prunes_like_removal() -> None
 def test_heads_groups_are_built_from_graph_nodes_and_prune_like_remove_heads() -> None:
     """:func:`heads_group`'s hand-built items (``tp.prune_linear_out_channels`` on ``qkv``,
     ``tp.prune_linear_in_channels`` on ``proj``, ``tp.prune_parameter_out_channels`` on a per-head table at its
-    node's ``pruning_dim``) cut what :func:`remove_heads` cuts; ``nn.MultiheadAttention`` is one ``MHA`` node."""
+    node's ``pruning_dim``) cut what :func:`remove_heads` cuts; ``nn.MultiheadAttention`` is one customised node (its
+    stream pruner, :mod:`analysis.structure.attention_stream`), not Torch-Pruning's ``MHA`` node."""
     model = _Tokens().eval()
     example = torch.randn(1, 4, 6)
     graph = build_dependency_graph(model, example)
@@ -362,7 +363,7 @@ def test_heads_groups_are_built_from_graph_nodes_and_prune_like_remove_heads() -
     assert torch.equal(clone.attn.qkv.bias, removed.attn.qkv.bias)
     assert torch.equal(clone.attn.proj.weight, removed.attn.proj.weight)
     assert torch.equal(new_table, removed.attn.relative_position_bias_table)
-    assert graph.module2node[model.mha].type == ops.OPTYPE.MHA
+    assert graph.module2node[model.mha].type == ops.OPTYPE.CUSTOMIZED
     (item,) = heads_group(graph, model.mha, [0])
     assert is_heads_item(item) and item.dep.target.module is model.mha and not is_out_channel_item(graph, item)
     assert list(item.idxs) == [0, 1, 2, 3]

@@ -27,7 +27,6 @@ from torch import nn
 
 from analysis import analysis_prune
 from analysis.engine._modes import MaskCheck
-from analysis.errors import ModelError
 from analysis.structure.custom_layers import (
     SWIN_ATTENTION_REASON,
     FixedWidthPruner,
@@ -149,14 +148,9 @@ class ShuffleNetLike(nn.Module):
         return self.head(self.units(F.relu(self.stem(x))).mean(dim=(2, 3)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="channel shuffle: shape_infer.infer_in_channels_recursively returns 0 for the chunk after the shuffle "
-    "(concat_output_channels - siblings, no zero guard), and update_reshape_index_mapping divides by it",
-    raises=ModelError,
-)
 def test_a_shufflenet_channel_shuffle_is_traced_and_branch_units_are_exact() -> None:
-    """torchvision shufflenet_v2_x0_5/x1_0/x1_5/x2_0 (ZeroDivisionError at the same line while tracing). The unit
+    """torchvision shufflenet_v2_x0_5/x1_0/x1_5/x2_0 (ZeroDivisionError at the same line while tracing the whole
+    model; each unit traces on its own, :mod:`analysis.structure.submodule_graphs`). The unit
     inside a branch never crosses the shuffle and must be exact. A unit whose channels cross it (pw2) cannot be
     removed by the model's own view/transpose/view, so it must be left out with a reason, or be exact."""
     model = ShuffleNetLike()
@@ -425,14 +419,9 @@ def test_c_dpn_residual_path_is_exact() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:Maximum recursive depth reached")
-@pytest.mark.xfail(
-    strict=True,
-    reason="deep DPN: the channel counts of the concat's slices are None once shape inference runs out of its "
-    "500 calls (each concat sums two paths back to the previous one), and update_concat_index_mapping sums them",
-    raises=ModelError,
-)
 def test_c_deep_dpn_is_traced() -> None:
-    """timm dpn68/dpn68b (12 blocks in stage 3: int + NoneType while tracing; dpn48b's 6 trace)."""
+    """timm dpn68/dpn68b (12 blocks in stage 3: int + NoneType while tracing the whole model; dpn48b's 6 trace).
+    Each block traces on its own (:mod:`analysis.structure.submodule_graphs`), and c1x1_a's group stays inside it."""
     model = DPNLike(blocks=12, inc=2)
     assert_removal_is_exact(model, "blocks.0.c1x1_a", [1, 2], {"blocks.0.c1x1_a": ([1, 2], 1)})
 
@@ -742,12 +731,6 @@ class ViTLike(nn.Module):
         return self.head(x[:, 0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ViT: the residual stream's group holds nn.MultiheadAttention, which the package does not support; "
-    "Torch-Pruning's MHA pruner would also remove the same indices from q/k/v (moving the head boundaries)",
-    raises=AssertionError,
-)
 def test_g_vit_residual_stream_through_multihead_attention_is_exact() -> None:
     """torchvision vit_b_16 (conv_proj and every mlp.3: 'its group contains an unsupported layer')."""
     outputs = {"conv_proj": ([1, 2], 1), "self_attention": ([1, 2], -1), "mlp.2": ([1, 2], -1)}

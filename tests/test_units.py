@@ -20,7 +20,7 @@ from analysis.config import load_config
 from analysis.engine._modes import MaskCheck
 from analysis.errors import ConfigError
 from analysis.io.results import load_sensitivities, load_sidecar
-from analysis.planning.export import export_pruned, load_pruned
+from analysis.planning.export import export_pruned, layer_shapes, load_pruned
 from analysis.planning.plan import plan_from_ratios
 from analysis.planning.verify import verify_plan
 from analysis.structure.criteria import channel_scores, select_channels
@@ -296,7 +296,8 @@ def test_budget_plan_and_report_over_every_unit_of_a_vit(tmp_path: Path) -> None
     path = tmp_path / "s.pkl"
     analysis_prune(model, data, path, pruned_ratios=(0.25, 0.5), units=("conv", "linear", "heads"), progress=False)
     analysed = load_sensitivities(path)
-    assert {n.rpartition(".")[2] for n in analysed} == {"weight", "heads"} and len(analysed) == 8  # 4 MLPs, 4 heads
+    assert {n.rpartition(".")[2] for n in analysed} == {"weight", "heads"}
+    assert len(analysed) == 13  # 4 MLP hidden layers, 4 heads, the residual stream's conv_proj and 4 MLP outputs
     plan = build_plan(model, example, path, 0.2)
     assert plan.groups and {g.ranking_param for g in plan.groups} <= set(analysed)
     pruned = count_cost(jointly_pruned_copy(model, plan.removals(), example), example)
@@ -331,3 +332,16 @@ def test_per_filter_parameters_of_a_conv_subclass_are_removed_with_the_filters()
     predicted = CostModel(model, example).variant(build_dependency_graph(model, example), "0", channels)
     measured = count_cost(copy, example)
     assert (predicted.macs, predicted.params) == (measured.macs, measured.params)
+
+
+def test_export_lists_attention_modules_with_a_customised_pruner_by_heads() -> None:
+    """torchvision Swin's attention has a width-only customised pruner (no channel count of its own) and
+    nn.MultiheadAttention the stream pruner: the export lists both as attention modules (it raised AttributeError on
+    Swin when customised pruners came first)."""
+    shapes = layer_shapes(torchvision.models.swin_t(num_classes=10))
+    assert shapes["features.1.0.attn"] == {"type": "ShiftedWindowAttention", "num_heads": 3}
+    vit, _ = SMALL_VIT()
+    assert layer_shapes(vit)["encoder.layers.encoder_layer_0.self_attention"] == {
+        "type": "MultiheadAttention",
+        "num_heads": 4,
+    }

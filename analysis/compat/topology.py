@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from analysis.errors import ModelError
 from analysis.inputs.device import model_device
 from analysis.structure.groups import (
     build_dependency_graph,
@@ -30,6 +31,7 @@ from analysis.structure.groups import (
     is_grouped_conv,
     is_out_channel_item,
 )
+from analysis.structure.submodule_graphs import PartGraphs
 
 __all__ = ["ChannelDependency", "dependency_csv", "dependency_sets", "not_safe_to_prune"]
 
@@ -114,10 +116,18 @@ def trace_topology(model: nn.Module, example: torch.Tensor) -> Topology:
     Every conv, transposed conv and linear layer the forward pass runs is in exactly one set. Two layers share a
     set when removing an output channel of one removes an output channel of the other (residual adds, depthwise
     and in==out grouped convs). :func:`dependency_sets` is the conv part of the sets.
+
+    Raises:
+        ModelError: When Torch-Pruning traces the model only in parts (:mod:`analysis.structure.submodule_graphs`).
     """
     with eval_mode(model):
         graph = build_dependency_graph(model, example)
         order = execution_order(model, example, SET_LAYER_TYPES)
+    if isinstance(graph, PartGraphs):  # a layer whose channels leave its part would get a set that is too small
+        raise ModelError(
+            f"Torch-Pruning traces this {type(model).__name__} only in parts ({len(graph.parts)} submodules, each on "
+            "its own), so the channel dependencies between the parts, and the dependency sets, are unknown."
+        )
     modules = dict(model.named_modules())
     names = {module: name for name, module in modules.items()}
     position = {name: index for index, name in enumerate(order)}

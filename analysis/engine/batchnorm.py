@@ -36,6 +36,7 @@ from analysis.structure.groups import (
     is_out_channel_item,
     removal_group,
 )
+from analysis.structure.submodule_graphs import continuation
 
 BatchNorm = nn.modules.batchnorm._BatchNorm
 CalibrationBatch: TypeAlias = torch.Tensor | tuple[torch.Tensor, ...] | list[torch.Tensor]
@@ -70,7 +71,7 @@ def downstream_batchnorms(graph: tp.DependencyGraph, sources: Iterable[nn.Module
     found: set[BatchNorm] = set()
     while stack:
         node = stack.pop()
-        for user in node.outputs:
+        for user in (*node.outputs, *continuation(graph, node)):  # continuation: a model traced in parts
             if user in seen:
                 continue
             seen.add(user)

@@ -25,6 +25,7 @@ from analysis.errors import ModelError
 from analysis.inputs.device import model_device
 from analysis.inputs.models import PRIVATE_MODULE_PREFIX
 from analysis.io.atomic import atomic_write_bytes, atomic_write_text, writable_folder
+from analysis.structure.attention_stream import sync_stored_widths
 from analysis.structure.custom_layers import customized_pruners
 from analysis.structure.heads import PrunedMultiheadAttention, is_attention, with_heads
 
@@ -42,12 +43,12 @@ def layer_shapes(model: nn.Module) -> dict[str, dict[str, Any]]:
     shapes: dict[str, dict[str, Any]] = {}
     custom = customized_pruners()
     for name, module in model.named_modules():
-        if type(module) in custom:
-            shapes[name] = {"type": type(module).__name__, "channels": custom[type(module)].channels(module)}
-        elif isinstance(module, PrunedMultiheadAttention):
+        if isinstance(module, PrunedMultiheadAttention):  # attention modules before their customised pruners
             shapes[name] = {"type": "PrunedMultiheadAttention", **module.sizes()}
         elif is_attention(module):
             shapes[name] = {"type": type(module).__name__, "num_heads": module.num_heads}
+        elif type(module) in custom:
+            shapes[name] = {"type": type(module).__name__, "channels": custom[type(module)].channels(module)}
         elif isinstance(module, nn.modules.conv._ConvNd):
             shapes[name] = {"type": type(module).__name__, "in_channels": module.in_channels,
                             "out_channels": module.out_channels, "groups": module.groups}  # fmt: skip
@@ -72,7 +73,11 @@ def export_pruned(
     directory = writable_folder(export_dir)
     before, after = layer_shapes(dense), layer_shapes(pruned)
     changed = {name: shape for name, shape in after.items() if before.get(name) != shape}
-    description = {"format": FORMAT_VERSION, "changed_layers": changed, **(extra or {})}
+    description: dict[str, Any] = {"format": FORMAT_VERSION, "changed_layers": changed}
+    parameters = bare_parameter_shapes(pruned, dense, after)
+    if parameters:
+        description["changed_parameters"] = parameters
+    description.update(extra or {})
     how_to_load = loading_note(pruned)
     if how_to_load is not None:
         description["loading"] = how_to_load
@@ -83,6 +88,17 @@ def export_pruned(
     atomic_write_bytes(paths["state_dict"], saved_bytes(pruned.state_dict()))
     atomic_write_text(paths["channels"], json.dumps(description, indent=1) + "\n")
     return paths
+
+
+def bare_parameter_shapes(pruned: nn.Module, dense: nn.Module, layers: Mapping[str, Any]) -> dict[str, list[int]]:
+    """The shapes of the parameters outside the ``layers`` :func:`layer_shapes` lists whose shape the pruning changed
+    (a ViT's class token and position embedding on its residual stream), by parameter name."""
+    before = dict(dense.named_parameters())
+    return {
+        name: list(param.shape)
+        for name, param in pruned.named_parameters()
+        if name.rpartition(".")[0] not in layers and name in before and before[name].shape != param.shape
+    }
 
 
 def loading_note(model: nn.Module) -> str | None:
@@ -137,13 +153,13 @@ def _replaced_attention(old: nn.Module, shape: Mapping[str, Any]) -> bool:
 
 def _resized(old: nn.Module, shape: Mapping[str, Any]) -> nn.Module:
     device = model_device(old)
+    if shape.get("type") == "PrunedMultiheadAttention":  # heads or stream channels removed (a new module)
+        sizes = {k: shape[k] for k in ("embed_dim", "num_heads", "head_dim", "bias", "batch_first", "dropout")}
+        return PrunedMultiheadAttention(**sizes).to(device)
     custom = customized_pruners().get(type(old))
     if custom is not None:  # its own pruner shrinks it (the state dict then brings the values)
         custom.remove(old, list(range(shape["channels"], custom.channels(old))))
         return old
-    if shape.get("type") == "PrunedMultiheadAttention":
-        sizes = {k: shape[k] for k in ("embed_dim", "num_heads", "head_dim", "bias", "batch_first", "dropout")}
-        return PrunedMultiheadAttention(**sizes).to(device)
     if is_attention(old):
         return with_heads(old, shape["num_heads"])  # its qkv/proj layers are listed and resized on their own
     if isinstance(old, nn.modules.conv._ConvNd):
@@ -181,6 +197,15 @@ def load_pruned(dense: nn.Module, export_dir: str | Path) -> nn.Module:
     except (OSError, ValueError) as error:
         raise ModelError(f"cannot read the exported pruned model in {directory}: {error}") from None
     model = shrink_to(dense, description.get("changed_layers") or {})
+    for name, shape in (description.get("changed_parameters") or {}).items():
+        owner_name, _, attr = name.rpartition(".")
+        try:
+            old = model.get_parameter(name)
+        except AttributeError:
+            raise ModelError(f"{CHANNELS_FILE} lists parameter '{name}', which this model does not have.") from None
+        owner = model.get_submodule(owner_name) if owner_name else model
+        setattr(owner, attr, nn.Parameter(old.data.new_empty(shape), requires_grad=old.requires_grad))
+    sync_stored_widths(model)
     try:
         model.load_state_dict(state)
     except RuntimeError as error:

@@ -68,6 +68,15 @@ class ChannelPruner(BasePruningFunc):  # type: ignore[misc]  # Torch-Pruning is 
     def pruned_shapes(self, layer: nn.Module, count: int) -> list[tuple[torch.Tensor, list[int]]]:
         """``(parameter, shape after)`` for each parameter of ``layer`` that removing ``count`` channels shrinks."""
 
+    def problem(self, layer: nn.Module) -> str | None:
+        """Why no channel of ``layer`` can be removed (a unit whose group holds it is left out with it), or None."""
+        return None
+
+    def replacement(self, layer: nn.Module) -> nn.Module | None:
+        """A module computing what ``layer`` computes that :meth:`remove` can shrink, for a layer that cannot be
+        shrunk in place (physical removal puts it in ``layer``'s place first), or None."""
+        return None
+
 
 class LayerScalePruner(ChannelPruner):
     """For a layer whose only per-channel state is a 1-D parameter over its channels (attribute ``param``) and a
@@ -154,9 +163,12 @@ def unregister(layer_type: type[nn.Module]) -> None:
 
 
 def customized_pruners() -> dict[type[nn.Module], Pruner]:
-    """The pruners to pass to ``DependencyGraph.build_dependency(customized_pruners=...)``: the registered classes
-    and those of :data:`OPTIONAL` whose module is imported."""
-    found: dict[type[nn.Module], Pruner] = {}
+    """The pruners to pass to ``DependencyGraph.build_dependency(customized_pruners=...)``: the attention modules'
+    stream pruner (:mod:`analysis.structure.attention_stream`), the registered classes and those of :data:`OPTIONAL`
+    whose module is imported."""
+    from analysis.structure.attention_stream import PRUNERS  # it imports heads, which imports this module
+
+    found: dict[type[nn.Module], Pruner] = dict(PRUNERS)
     for (module_name, class_name), pruner in OPTIONAL.items():
         layer_type = getattr(sys.modules.get(module_name), class_name, None)
         if isinstance(layer_type, type) and issubclass(layer_type, nn.Module):

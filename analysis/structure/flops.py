@@ -311,7 +311,9 @@ def _pruned_shapes(
 
     both = len(out_idxs | in_idxs)  # layers whose input and output channels are the same channels
     pruner = channel_pruner(graph, module)
-    if pruner is not None and isinstance(module, nn.Module):  # a customised layer (a per-channel scale)
+    if isinstance(module, nn.MultiheadAttention) and not out_idxs:  # heads: the heads' channels of a q/k/v block
+        yield from mha_shapes(module, len(in_idxs)) if in_idxs else ()
+    elif pruner is not None and isinstance(module, nn.Module):  # a customised layer (a per-channel scale, a stream)
         yield from pruner.pruned_shapes(module, both)
     elif isinstance(module, nn.Parameter):
         yield from shrink(module, graph.module2node[module].pruning_dim, both)
@@ -331,11 +333,6 @@ def _pruned_shapes(
         yield from shrink(module.bias, 0, len(out_idxs))
         for _, extra in per_channel_extras(module):
             yield from shrink(extra, 0, len(out_idxs))
-    elif isinstance(module, nn.MultiheadAttention):  # heads: in_idxs are the heads' channels of a q/k/v block
-        if out_idxs:
-            raise NotImplementedError("cannot size a MultiheadAttention after removing embedding channels")
-        if in_idxs:
-            yield from mha_shapes(module, len(in_idxs))
     elif isinstance(module, nn.Linear):
         if out_idxs or in_idxs:
             yield module.weight, [module.out_features - len(out_idxs), module.in_features - len(in_idxs)]

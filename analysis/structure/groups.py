@@ -43,6 +43,7 @@ from analysis.structure.heads import (
     layout_problem,
     projections,
 )
+from analysis.structure.submodule_graphs import left_out_reason, trace_parts
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +165,9 @@ def build_dependency_graph(model: nn.Module, example_input: torch.Tensor) -> tp.
         except Exception as error:  # Torch-Pruning fails on some graphs (torchvision ShuffleNetV2, Swin-S/B)
             if not _raised_in_torch_pruning(error) or is_out_of_memory(error):
                 raise  # the model's own forward, or the machine
+            parts = trace_parts(model, example, _trace_or_none, lambda module: unit_kind(module) is not None)
+            if parts is not None:
+                return parts  # the submodules that trace, each on its own (:mod:`.submodule_graphs`)
             text = str(error).splitlines()[0][:160] if str(error) else ""
             raise ModelError(
                 f"Torch-Pruning cannot trace the channel dependencies of this {type(model).__name__} "
@@ -187,6 +191,24 @@ def _channel_flow(model: nn.Module, example: torch.Tensor) -> ChannelFlow | None
         return None
     finally:
         _restore_training_flags(flags)
+
+
+def _trace(model: nn.Module, example: torch.Tensor) -> tp.DependencyGraph:
+    """Torch-Pruning's graph of ``model`` with the package's customised pruners (it raises where it cannot trace)."""
+    return tp.DependencyGraph().build_dependency(
+        model, example_inputs=example, verbose=False, customized_pruners=customized_pruners()
+    )
+
+
+def _trace_or_none(model: nn.Module, example: torch.Tensor) -> tp.DependencyGraph | None:
+    """The graph of ``model``, or None when Torch-Pruning raises while tracing it."""
+    try:
+        return _trace(model, example)
+    except Exception as error:
+        if not _raised_in_torch_pruning(error) or is_out_of_memory(error):
+            raise
+        logger.debug("Torch-Pruning cannot trace %s", type(model).__name__, exc_info=True)
+        return None
 
 
 def _restore_training_flags(flags: Sequence[tuple[nn.Module, bool]]) -> None:
@@ -406,6 +428,8 @@ def _describe(
         param.reason = f"grouped conv (groups={root.groups}): pruned only as a member of another conv's group"
     elif param.channels < 2:
         param.reason = f"has a single output {'feature' if kind == 'linear' else 'channel'}"
+    elif (outside := left_out_reason(graph, root, name)) is not None:
+        param.reason = outside  # a model traced in parts: the group leaves its part
     elif root not in graph.module2node:
         param.reason = "not reached by dependency tracing"
     if param.reason:
@@ -426,6 +450,10 @@ def _describe(
             return param
         if not is_supported_member(graph, module):
             param.reason = f"its group contains an unsupported layer ({type(module).__name__})"
+            return param
+        custom = channel_pruner(graph, module)
+        if custom is not None and custom.problem(module) is not None:
+            param.reason = custom.problem(module)
             return param
         if module in names and module is not root:
             role = "out" if out_item else "in"

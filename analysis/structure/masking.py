@@ -39,13 +39,13 @@ def zeroed_slices(graph: tp.DependencyGraph, group: Iterable[Any]) -> list[Slice
         index = torch.tensor(idxs, dtype=torch.long)
         out = is_out_channel_item(graph, item)
         pruner = channel_pruner(graph, module)
-        if pruner is not None:  # a customised layer (timm's PoolFormer layer scale): its pruner knows its slices
+        if is_heads_item(item):  # before the customised pruner a MultiheadAttention has for its stream channels
+            slices.extend(mha_slices(module, idxs))  # type: ignore[arg-type]  # index objects of the same form
+        elif pruner is not None:  # a customised layer (timm's PoolFormer layer scale): its pruner knows its slices
             slices.extend(pruner.mask_slices(module, idxs))
         elif isinstance(module, nn.Parameter):
             dim = graph.module2node[module].pruning_dim
             slices.append((module.data, (slice(None),) * (dim % module.dim()) + (index,)))
-        elif is_heads_item(item):
-            slices.extend(mha_slices(module, idxs))  # type: ignore[arg-type]  # index objects of the same form
         elif isinstance(module, CONV_TYPES):
             slices.extend(_conv_slices(module, index, out))
         elif isinstance(module, nn.Linear):

@@ -22,6 +22,8 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
+from analysis.structure.attention_stream import sync_stored_widths
+from analysis.structure.custom_layers import channel_pruner
 from analysis.structure.groups import (
     build_dependency_graph,
     is_grouped_conv,
@@ -46,7 +48,8 @@ def jointly_pruned_copy(
     with its group. Channel indices refer to the unpruned model: groups are disjoint in the channels they remove,
     and the dependency graph is rebuilt after each removal so that concatenations see the current channel offsets."""
     clone = copy.deepcopy(model)
-    for root_name, channels in removals:
+    heads_first = sorted(removals, key=lambda removal: not is_attention(model.get_submodule(removal[0])))
+    for root_name, channels in heads_first:  # heads first: a head removal needs the attention module it was named on
         _remove_channels(clone, root_name, channels, example_input)
     return clone.eval()
 
@@ -184,6 +187,11 @@ def _apply_group(
         module = counterpart(target)
         if not idxs or module is None:
             continue
+        custom = channel_pruner(graph, target)
+        replacement = custom.replacement(module) if custom is not None else None
+        if replacement is not None:  # a layer that cannot shrink in place (nn.MultiheadAttention's stream)
+            _replace_module(clone, module, replacement)
+            module = replacement
         if is_grouped_conv(module) and not is_out_channel_item(graph, item):
             _remove_grouped_conv_inputs(module, idxs)
         elif isinstance(module, nn.Parameter):
@@ -195,6 +203,7 @@ def _apply_group(
             for name, extra in extras:
                 kept = [i for i in range(extra.shape[0]) if i not in gone]
                 setattr(module, name, nn.Parameter(extra.data[kept].clone(), requires_grad=extra.requires_grad))
+    sync_stored_widths(clone)  # the ints a model reshapes with (torchvision ViT's hidden_dim), for the next trace too
 
 
 def _handle(item: Any, layer: Any, idxs: list[int]) -> Any:
@@ -224,6 +233,15 @@ def _remove_grouped_conv_inputs(conv: nn.Conv2d, channels: Sequence[int]) -> Non
         kept_rows.append(rows[:, keep])
     conv.weight = nn.Parameter(torch.cat(kept_rows, dim=0), requires_grad=conv.weight.requires_grad)
     conv.in_channels -= len(channels)
+
+
+def _replace_module(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
+    """Put ``new`` in every place of ``model`` that holds ``old``."""
+    places = [name for name, module in model.named_modules(remove_duplicate=False) if module is old]
+    assert places, f"{type(old).__name__} is not a module of the model"
+    for name in places:
+        owner_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(owner_name) if owner_name else model, attr, new)
 
 
 def _replace_parameter(model: nn.Module, name: str, value: nn.Parameter) -> None:
