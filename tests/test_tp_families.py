@@ -34,6 +34,9 @@ from analysis.structure.custom_layers import (
     register,
     unregister,
 )
+from analysis.structure.cuts import PieceSizes, SliceBound
+from analysis.structure.cuts import register as register_stored_sizes
+from analysis.structure.cuts import unregister as unregister_stored_sizes
 from analysis.structure.groups import PrunableUnit, build_dependency_graph, find_prunable
 from analysis.structure.physical import pruned_copy
 
@@ -327,6 +330,8 @@ def narrower_timm_swin(model: TimmSwinLike, keep: list[int]) -> TimmSwinLike:
     channels = model.embed.out_channels
     merged = [k * channels + c for k in range(4) for c in keep]
     narrow = TimmSwinLike(len(keep)).eval()
+    hidden = model.mlp[0].out_features  # the MLP's hidden width is not the stream's: it stays
+    narrow.mlp = nn.Sequential(nn.Linear(len(keep), hidden), nn.GELU(), nn.Linear(hidden, len(keep)))
     narrow.merge.reduction = nn.Linear(4 * len(keep), 2 * channels, bias=False)
     narrow.head = model.head
     with torch.no_grad():
@@ -342,12 +347,6 @@ def narrower_timm_swin(model: TimmSwinLike, keep: list[int]) -> TimmSwinLike:
     return narrow
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="timm Swin patch merging: update_reshape_index_mapping takes the 6-D reshape and the flatten(3) for NCHW "
-    "flattening (stride 4 each), so stream channel c reaches merged channels 16c..16c+15, not c + k*C for k < 4",
-    raises=RuntimeError,
-)
 def test_b_timm_swin_patch_merging_is_exact() -> None:
     """timm swin_tiny_patch4_window7_224 ('Given normalized_shape=[360], expected input with shape [*, 360], but
     got input of size[1, 14, 14, 288]' in PatchMerging). Its LayerNorm spans the channels, so the reference is the
@@ -405,12 +404,7 @@ class DPNLike(nn.Module):
         return self.head(F.relu(self.blocks(self.stem(x))).mean(dim=(2, 3)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DPN: shape inference gives a slice x[:, n:] the width of the whole tensor, so the concat offsets are "
-    "wrong, and the block slices with its own int num_1x1_c, which removal leaves unchanged",
-    raises=RuntimeError,
-)
+@pytest.mark.usefixtures("stored_sizes_registered")
 def test_c_dpn_residual_path_is_exact() -> None:
     """timm dpn48b (every residual-path unit: 'The size of tensor a must match ...' in DualPathBlock.forward)."""
     model = DPNLike()
@@ -462,22 +456,13 @@ class MixNetLike(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="MixNet: update_split_index_mapping gives the split's pieces to its consumer nodes in tracing order "
-    "(here reversed), not by output index, and MixedConv2d.splits is a Python list that removal leaves unchanged",
-    raises=RuntimeError,
-)
+@pytest.mark.usefixtures("stored_sizes_registered")
 def test_d_mixnet_split_with_sizes_is_exact() -> None:
     """timm mixnet_s (61 of 80 units: 'split_with_sizes expects split_sizes to sum exactly to ...')."""
     assert_removal_is_exact(MixNetLike(), "stem", [1, 6], {"stem": ([1, 6], 1)})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="MixNet: as above, for a unit inside a MixedConv2d (its output is a cat piece)",
-    raises=RuntimeError,
-)
+@pytest.mark.usefixtures("stored_sizes_registered")
 def test_d_mixnet_unit_inside_a_mixed_conv_is_exact() -> None:
     assert_removal_is_exact(MixNetLike(), "conv_pw.convs.0", [1], {"conv_pw.convs.0": ([1], 1)})
 
@@ -644,13 +629,6 @@ class CSPLike(nn.Module):
         return self.head(F.relu(self.stage(F.relu(self.stem(x)))).mean(dim=(2, 3)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CSPNet: init_shape_information misses SplitBackward0's split size (_saved_self_sizes is now "
-    "_saved_self_sym_sizes) and infers one size per consumer node; the half used twice gets two offset ranges, so "
-    "the block's conv1 leaves the group; and expand_chs // 2 is an int removal leaves unchanged",
-    raises=RuntimeError,
-)
 def test_f_cspnet_split_half_used_twice_is_exact() -> None:
     """timm cspresnet50 (conv3 of every block: 'The size of tensor a (96) must match ... (128)' at the shortcut)."""
     outputs = {"stage.conv_exp": ([14], 1), "stage.conv3": ([6], 1)}  # xb's channel 6 is 8 + 6 of conv_exp
@@ -691,12 +669,7 @@ class Res2NetLike(nn.Module):
         return self.head(self.block(F.relu(self.stem(x))).mean(dim=(2, 3)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Res2Net: the int split's sizes are inferred per consumer node and given to the consumers in tracing "
-    "order (reversed), so indices land on the wrong pieces; and self.width is an int removal leaves unchanged",
-    raises=RuntimeError,
-)
+@pytest.mark.usefixtures("stored_sizes_registered")
 def test_f_res2net_split_pieces_are_exact() -> None:
     """timm res2net50_26w_4s (48 of 85 units: 'Given groups=1, weight of size [26, 13, 3, 3], expected input[1, 26,
     16, 16] to have 13 channels' and 'The size of tensor a (20) must match ... (26)'). EdgeNeXt's x.chunk is alike."""
@@ -831,3 +804,21 @@ def test_b_stream_units_get_their_reason_without_the_full_group_search(monkeypat
     assert all(units[name].reason == SWIN_ATTENTION_REASON for name in stream)
     assert not {model.get_submodule(name) for name in stream} & set(searched)
     assert model.mlps[0][0] in searched and units["mlps.0.0"].prunable
+
+
+@pytest.fixture
+def stored_sizes_registered() -> Iterator[None]:
+    """The minimal models store their cut sizes where timm's do (``num_1x1_c``, ``splits``, ``width``): declared for
+    the test as timm's classes are in :data:`analysis.structure.cuts.STORED_SIZES`."""
+    entries = {
+        _DualPathBlock: SliceBound("num_1x1_c"),
+        _MixedConv: PieceSizes("splits"),
+        _Bottle2neck: PieceSizes("width"),
+    }
+    for module_type, sizes in entries.items():
+        register_stored_sizes(module_type, sizes)
+    try:
+        yield
+    finally:
+        for module_type in entries:
+            unregister_stored_sizes(module_type)

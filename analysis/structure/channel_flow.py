@@ -143,20 +143,28 @@ class Side:
 
 @dataclass(frozen=True)
 class Cut:
-    """An operator that cuts a tensor's channels into pieces (split, chunk, a channel slice) at sizes that removing
-    channels would change: the model's own code then cuts the narrower tensor in the wrong place.
+    """An operator that cuts a tensor's channels into pieces (split, chunk, a channel slice): the model's own code
+    cuts the narrower tensor of a pruned copy with the same arguments, which is right only for some removals.
 
     Attributes:
-        where: The operator and the module it runs in, for the reason.
+        where: The operator and the module it runs in, for reasons.
         module: That module's name ('' for the model itself).
-        entering: The labels of the cut tensor.
-        pieces: The labels of each piece.
+        dim: The channel dimension of the cut tensor, or None when its channels lie along several dimensions.
+        source: The labels of the cut tensor along ``dim``.
+        pieces: The labels of each piece along its channel dimension.
+        redo: The operator with its own arguments, applied to a tensor of labels.
+        rank: The cut tensor's number of dimensions.
+        op: The operator's name.
     """
 
     where: str
     module: str
-    entering: frozenset[int]
-    pieces: tuple[frozenset[int], ...]
+    dim: int | None
+    source: tuple[int, ...]
+    pieces: tuple[tuple[int, ...], ...]
+    redo: Callable[[torch.Tensor], Any]
+    rank: int
+    op: str = ""
 
 
 @dataclass
@@ -218,13 +226,31 @@ class ChannelFlow:
         return sorted(found)
 
     def _sets(self, labels: Iterable[int]) -> set[int]:
-        return {self.group_of(label) for label in labels}
+        return {self.group_of(label) for label in labels if label >= 0}
 
     def _cuts_sets(self, cut: Cut) -> bool:
         """True when some piece of ``cut`` lacks coupled sets the cut tensor has (a cut between channels, not one
         between tokens that carry the same channels)."""
-        entering = self._sets(cut.entering)
+        entering = self._sets(cut.source)
         return any(self._sets(piece) != entering for piece in cut.pieces)
+
+    def kept(self, labels: Sequence[int], removed: set[int]) -> list[int]:
+        """``labels`` without those whose coupled set is in ``removed``."""
+        return [label for label in labels if label < 0 or self.group_of(label) not in removed]
+
+    def cuts_right(self, cut: Cut, removed: set[int]) -> bool:
+        """True when ``cut``'s own operator, run on the tensor without the ``removed`` coupled sets, gives each piece
+        exactly its own channels without them (what a pruned copy's forward pass will do)."""
+        if cut.dim is None:
+            return False
+        kept = self.kept(cut.source, removed)
+        shape = [1] * cut.rank
+        shape[cut.dim] = len(kept)
+        try:
+            pieces = [_along(piece, cut.dim, cut.rank) for piece in _tensors(cut.redo(torch.tensor(kept).view(shape)))]
+        except (RuntimeError, TypeError, ValueError, IndexError):
+            return False
+        return pieces == [tuple(self.kept(piece, removed)) for piece in cut.pieces]
 
     def members(self, layer: str, channels: Sequence[int]) -> Coupling:
         """Everything that removing ``channels`` of ``layer``'s outputs removes with them."""
@@ -245,7 +271,7 @@ class ChannelFlow:
             [(name, Side(out, tuple(sorted(pairs.items())))) for (name, out), pairs in sides.items()],
             blocked=self.blocking(produced[c] for c in channels),
         )
-        coupling.cuts = [cut for cut in self.cuts if self._cuts_sets(cut) and wanted & self._sets(cut.entering)]
+        coupling.cuts = [cut for cut in self.cuts if self._cuts_sets(cut) and wanted & self._sets(cut.source)]
         for name, labels in self.parameters.items():
             hits = [
                 (i, g) for i, label in enumerate(labels.flatten().tolist()) if (g := self.group_of(label)) in wanted
@@ -519,7 +545,7 @@ class _LabelTracer(TorchFunctionMode):
         except (RuntimeError, TypeError, ValueError, IndexError) as error:
             raise _Blocked(f"the operator {name}") from error
         if name in _CUTS:
-            self._record_cut(name, moved_args[0], labels)
+            self._record_cut(name, func, moved_args, moved_kwargs, labels)
         if name in ("view", "reshape", "unflatten", "reshape_as", "view_as"):
             source = moved_args[0]
             assert isinstance(labels, torch.Tensor) and isinstance(source, torch.Tensor)
@@ -527,15 +553,25 @@ class _LabelTracer(TorchFunctionMode):
                 raise _Blocked(f"a {name} that spreads its channels over several dimensions (heads, channel shuffle)")
         self._set(out, labels)
 
-    def _record_cut(self, name: str, source: Any, pieces: Any) -> None:
-        if not isinstance(source, torch.Tensor):
+    def _record_cut(
+        self, name: str, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], pieces: Any
+    ) -> None:
+        source = args[0] if args else None
+        if not isinstance(source, torch.Tensor) or source.dim() == 0:
             return
+        varying = _varying_dims(source)
+        dim = varying[0] if len(varying) == 1 else None
+        along = _along(source, dim, source.dim()) if dim is not None else tuple(_distinct(source))
+        parts = tuple(_along(piece, dim, source.dim()) if dim is not None else tuple(_distinct(piece))
+                      for piece in _tensors(pieces))  # fmt: skip
+        if all(set(part) == set(along) for part in parts):
+            return
+        rest, options = list(args[1:]), dict(kwargs)
         module = self.modules[-1] if self.modules else ""
-        where = f"{name} in {module or self.model_name}"
-        entering = frozenset(int(v) for v in source.unique().tolist() if v >= 0)
-        parts = tuple(frozenset(int(v) for v in piece.unique().tolist() if v >= 0) for piece in _tensors(pieces))
-        if any(part != entering for part in parts):
-            self.flow.cuts.append(Cut(where, module, entering, parts))
+        self.flow.cuts.append(Cut(
+            f"{name} in {module or self.model_name}", module, dim, along, parts,
+            lambda tensor: func(tensor, *rest, **options), source.dim(), name,
+        ))  # fmt: skip
 
     def _spatial(self, name: str, args: Sequence[Any], out: Any) -> None:
         labels = self.label_of(args[0])
@@ -610,6 +646,20 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, dict):
         return [t for v in value.values() for t in _tensors(v)]
     return []
+
+
+def _along(labels: torch.Tensor, dim: int | None, rank: int) -> tuple[int, ...]:
+    """The labels along ``dim`` (the first element of every other dimension); a piece that lost the dimension
+    (``select``) gives its distinct labels."""
+    if dim is None or labels.dim() != rank:
+        return tuple(_distinct(labels))
+    index = [0] * labels.dim()
+    index[dim] = slice(None)  # type: ignore[call-overload]
+    return tuple(int(v) for v in labels[tuple(index)].tolist())
+
+
+def _distinct(labels: torch.Tensor) -> list[int]:
+    return [int(v) for v in labels.unique().tolist() if v >= 0]
 
 
 def _unsqueezed(labels: torch.Tensor, dims: Iterable[int]) -> torch.Tensor:

@@ -78,7 +78,7 @@ def choose_group(
         return group
     assert coupling is not None
     ours = _entries(graph, root, channels, coupling)
-    if _canonical(ours) == _canonical(_torch_pruning_entries(graph, group)):
+    if _canonical(graph, ours) == _canonical(graph, _torch_pruning_entries(graph, group)):
         return group
     logger.debug("Torch-Pruning's group for %s disagrees with the channel flow; using the flow", graph.names[root])
     return _as_group(graph, root, ours)
@@ -187,19 +187,22 @@ def _is_op(graph: CoupledGraph, target: Any) -> bool:
     return node is not None and type(target).__module__.startswith("torch_pruning.")
 
 
-def _canonical(entries: Sequence[_Entry]) -> set[tuple[int, bool, frozenset[int]]]:
+def _canonical(graph: CoupledGraph, entries: Sequence[_Entry]) -> set[tuple[int, bool, frozenset[int]]]:
     """Entries as comparable facts: which target, which side, which indices (per-channel layers as out sides)."""
     merged: dict[tuple[int, bool], set[int]] = {}
     for entry in entries:
-        out = entry.out or _per_channel(entry.target)
+        out = entry.out or _per_channel(entry.target, graph)
         merged.setdefault((id(entry.target), out), set()).update(i for i, _ in entry.pairs)
     return {(key, out, frozenset(indices)) for (key, out), indices in merged.items()}
 
 
-def _per_channel(target: Any) -> bool:
-    """True for layers whose input and output channels are the same channels (norms, depthwise convs)."""
+def _per_channel(target: Any, graph: CoupledGraph | None = None) -> bool:
+    """True for layers whose input and output channels are the same channels (norms, depthwise convs, customised
+    layers whose pruner removes both sides at once)."""
     if isinstance(target, _CONVS):
         return bool(target.groups == target.in_channels == target.out_channels and target.groups > 1)
+    if graph is not None and (pruner := channel_pruner(graph, target)) is not None:
+        return bool(pruner.prune_in_channels == pruner.prune_out_channels)
     return isinstance(target, (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm, nn.PReLU))
 
 
@@ -211,12 +214,12 @@ def _as_group(graph: CoupledGraph, root: nn.Module, entries: Sequence[_Entry]) -
     trigger = _function(graph, root, out=True)
     root_node = graph.module2node[root]
     group = tp.dependency.Group()
-    for entry in _merged(entries):
+    for entry in _merged(graph, entries):
         node = graph.module2node.get(entry.target)
         if node is None:
             node = tp.dependency.Node(entry.target, None, graph.names.get(entry.target))
             graph.module2node[entry.target] = node
-        handler = _function(graph, entry.target, out=entry.out or _per_channel(entry.target))
+        handler = _function(graph, entry.target, out=entry.out or _per_channel(entry.target, graph))
         item = tp._helpers.GroupItem(
             tp.dependency.Dependency(trigger, handler, root_node, node), [i for i, _ in entry.pairs]
         )
@@ -226,12 +229,12 @@ def _as_group(graph: CoupledGraph, root: nn.Module, entries: Sequence[_Entry]) -
     return group
 
 
-def _merged(entries: Sequence[_Entry]) -> list[_Entry]:
+def _merged(graph: CoupledGraph, entries: Sequence[_Entry]) -> list[_Entry]:
     """One entry per target and side (a layer called twice appears once), in first-seen order."""
     merged: dict[tuple[int, bool], dict[int, int]] = {}
     targets: dict[tuple[int, bool], Any] = {}
     for entry in entries:
-        key = (id(entry.target), entry.out or _per_channel(entry.target))
+        key = (id(entry.target), entry.out or _per_channel(entry.target, graph))
         targets.setdefault(key, entry.target)
         pairs = merged.setdefault(key, {})
         for local, root in entry.pairs:
@@ -241,7 +244,7 @@ def _merged(entries: Sequence[_Entry]) -> list[_Entry]:
 
 def _function(graph: CoupledGraph, target: Any, out: bool) -> Callable[..., Any]:
     """The pruning function Torch-Pruning applies to ``target``'s outputs (``out``) or inputs."""
-    if isinstance(target, _CONVS) and _per_channel(target):
+    if isinstance(target, _CONVS) and _per_channel(target, graph):
         return tp.prune_depthwise_conv_out_channels if out else tp.prune_depthwise_conv_in_channels
     pruner = graph.get_pruner_of_module(target)
     if pruner is None:

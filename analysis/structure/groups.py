@@ -32,6 +32,7 @@ from analysis.inputs.device import is_out_of_memory
 from analysis.structure._time_limit import TimeLimitReached, time_limit
 from analysis.structure.channel_flow import ChannelFlow, trace_channel_flow
 from analysis.structure.custom_layers import FixedWidthPruner, channel_pruner, customized_pruners, fixed_width_pruner
+from analysis.structure.cuts import cut_problem
 from analysis.structure.flow_groups import CoupledGraph, choose_group
 from analysis.structure.heads import (
     HEADS_SUFFIX,
@@ -470,6 +471,8 @@ def _describe(
     blocks, problem = _conv_blocks(graph, group, param.channels)
     if problem:
         param.reason = problem
+    elif isinstance(graph, CoupledGraph) and (cut := cut_problem(graph, root, param.channels)) is not None:
+        param.reason = cut
     param.conv_blocks = blocks
     return param
 

@@ -24,6 +24,8 @@ from torch import nn
 
 from analysis.structure.attention_stream import sync_stored_widths
 from analysis.structure.custom_layers import channel_pruner
+from analysis.structure.cuts import follow_cuts
+from analysis.structure.flow_groups import CoupledGraph
 from analysis.structure.groups import (
     build_dependency_graph,
     is_grouped_conv,
@@ -103,6 +105,8 @@ def checking_copy(
         return clone.get_submodule(module_names[layer]) if layer in module_names else None
 
     _apply_group(clone, graph, group, counterpart, param_names)
+    if isinstance(graph, CoupledGraph):
+        follow_cuts(graph, root, channels, clone)
     return clone.eval()
 
 
@@ -166,6 +170,8 @@ def _remove_channels(clone: nn.Module, root_name: str, channels: Sequence[int], 
     group = removal_group(graph, root, channels)
     param_names = {param: name for name, param in clone.named_parameters()}
     _apply_group(clone, graph, group, lambda layer: layer, param_names)
+    if isinstance(graph, CoupledGraph):
+        follow_cuts(graph, root, channels, clone)  # the sizes the model's own code cuts its channels with
 
 
 def _apply_group(
