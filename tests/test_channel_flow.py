@@ -1,0 +1,254 @@
+"""The channel flow (analysis.structure.channel_flow): which channels a removal takes, read off one forward pass.
+
+Each test builds a small model whose coupling is known by construction and checks the flow's answer exactly, so a
+wrong mapping, a missed coupling or a missing block fails here before it reaches a group.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from analysis.structure.channel_flow import ChannelFlow, trace_channel_flow
+from analysis.structure.flow_groups import flow_coupling
+from analysis.structure.groups import build_dependency_graph, find_prunable, removal_group
+
+IMAGE = (2, 3, 16, 16)
+
+
+def flow_of(model: nn.Module) -> ChannelFlow:
+    return trace_channel_flow(model.eval(), torch.randn(IMAGE))
+
+
+def sides(flow: ChannelFlow, layer: str, channels: list[int]) -> dict[tuple[str, bool], list[int]]:
+    """``(layer, loses outputs) -> indices`` of the coupling of ``channels`` of ``layer``."""
+    coupling = flow.members(layer, channels)
+    return {(name, side.out): [i for i, _ in side.labels] for name, side in coupling.layers}
+
+
+class Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+        self.c = nn.Conv2d(8, 4, 1)
+        self.head = nn.Linear(4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn(self.a(x)))
+        x = x + self.b(x)
+        return self.head(self.c(x).mean(dim=(2, 3)))
+
+
+def test_a_residual_add_couples_its_producers_and_passes_through_batchnorm() -> None:
+    assert sides(flow_of(Residual()), "a", [2, 5]) == {
+        ("a", True): [2, 5],
+        ("bn", True): [2, 5],
+        ("b", False): [2, 5],
+        ("b", True): [2, 5],
+        ("c", False): [2, 5],
+    }
+
+
+class SplitCat(nn.Module):
+    """Split 12 channels as [4, 8], a conv per piece, concatenated, then a 1x1 (the MixNet pattern, whose pieces
+    Torch-Pruning 1.6.1 hands to the convs in reverse)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 12, 1)
+        self.first = nn.Conv2d(4, 4, 1)
+        self.second = nn.Conv2d(8, 6, 1)
+        self.last = nn.Conv2d(10, 4, 1)
+        self.head = nn.Linear(4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = torch.split(self.stem(x), [4, 8], dim=1)
+        x = torch.cat([self.first(a), self.second(b)], dim=1)
+        return self.head(self.last(x).mean(dim=(2, 3)))
+
+
+def test_split_pieces_and_concat_offsets_are_mapped_exactly() -> None:
+    flow = flow_of(SplitCat())
+    assert sides(flow, "stem", [1, 9]) == {("stem", True): [1, 9], ("first", False): [1], ("second", False): [5]}
+    assert sides(flow, "first", [3]) == {("first", True): [3], ("last", False): [3]}
+    assert sides(flow, "second", [0]) == {("second", True): [0], ("last", False): [4]}  # after the 4 of `first`
+
+
+class Shuffle(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 1)
+        self.next = nn.Conv2d(8, 8, 1)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        b, c, h, w = x.shape
+        x = x.view(b, 2, c // 2, h, w).transpose(1, 2).reshape(b, c, h, w)
+        return self.head(self.next(x).mean(dim=(2, 3)))
+
+
+def test_a_channel_shuffle_blocks_the_channels_it_spreads() -> None:
+    coupling = flow_of(Shuffle()).members("stem", [1])
+    assert coupling.blocked == ["a view that spreads its channels over several dimensions (heads, channel shuffle)"]
+    assert flow_of(Shuffle()).members("next", [1]).blocked == []
+
+
+class Attention(nn.Module):
+    """Single-head attention with separate q, k, v projections and an output projection, on tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(3, 8, 4, stride=4)
+        self.q, self.k, self.v = nn.Linear(8, 6), nn.Linear(8, 6), nn.Linear(8, 6)
+        self.proj = nn.Linear(6, 8)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x).flatten(2).transpose(1, 2)
+        scores = (self.q(x) @ self.k(x).transpose(1, 2)).softmax(dim=-1)
+        x = x + self.proj(scores @ self.v(x))
+        return self.head(x.mean(dim=1))
+
+
+def test_attention_scores_block_query_and_key_channels_but_values_flow_to_the_projection() -> None:
+    flow = flow_of(Attention())
+    assert flow.members("q", [0]).blocked == ["a matrix product that sums over its channels (attention scores)"]
+    assert flow.members("k", [0]).blocked == ["a matrix product that sums over its channels (attention scores)"]
+    assert sides(flow, "v", [4]) == {("v", True): [4], ("proj", False): [4]}
+    stream = sides(flow, "embed", [3])
+    assert stream[("proj", True)] == [3] and stream[("q", False)] == [3] and stream[("head", False)] == [3]
+
+
+class Gated(nn.Module):
+    """A scalar gate (one parameter for every channel) and a per-channel layer scale."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 1)
+        self.gate = nn.Parameter(torch.tensor([0.7]))
+        self.scale = nn.Parameter(torch.rand(8, 1, 1))
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x) * self.gate.sigmoid() * self.scale
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def test_a_shared_parameter_couples_nothing_and_a_per_channel_one_is_a_member() -> None:
+    coupling = flow_of(Gated()).members("conv", [5])
+    assert {name: [i for i, _ in pairs] for name, pairs in coupling.parameters.items()} == {"scale": [5]}
+    assert [(name, [i for i, _ in side.labels]) for name, side in coupling.layers] == [("conv", [5]), ("head", [5])]
+
+
+class Tokens(nn.Module):
+    """A class token and a position embedding joined to patch embeddings (the ViT pattern)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, 6, 8, stride=8)
+        self.token = nn.Parameter(torch.randn(1, 1, 6))
+        self.position = nn.Parameter(torch.randn(1, 5, 6))
+        self.mlp = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.token.expand(x.shape[0], -1, -1), x], dim=1) + self.position
+        x = x + self.mlp(x)
+        return self.head(x[:, 0])
+
+
+def test_class_token_and_position_embedding_follow_the_stream_channel() -> None:
+    model = Tokens().eval()
+    graph = build_dependency_graph(model, torch.randn(IMAGE))
+    group = removal_group(graph, model.patch, [2])
+    parameters = {graph.names[item.dep.target.module]: (graph.module2node[item.dep.target.module].pruning_dim,
+                                                          list(item.idxs))
+                  for item in group if isinstance(item.dep.target.module, nn.Parameter)}  # fmt: skip
+    assert parameters == {"token": (2, [2]), "position": (2, [2])}
+
+
+def test_the_model_output_is_blocked() -> None:
+    assert flow_of(Residual()).members("head", [0]).blocked == ["the model output"]
+
+
+class Cumulative(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 1)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cumsum(self.conv(x), dim=1).mean(dim=(2, 3)))
+
+
+def test_an_operator_the_flow_does_not_know_blocks_with_its_name() -> None:
+    assert flow_of(Cumulative()).members("conv", [0]).blocked == ["the operator cumsum"]
+
+
+class Halves(nn.Module):
+    """CSP's split: ``x.split(self.half)`` with the half derived at build time, both halves used."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expand = nn.Conv2d(3, 8, 1)
+        self.inner = nn.Conv2d(4, 4, 1)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first, second = self.expand(x).split(4, dim=1)
+        return self.head(torch.cat([first, self.inner(second)], dim=1).mean(dim=(2, 3)))
+
+
+def test_an_int_split_cuts_right_only_for_channels_of_its_last_piece() -> None:
+    flow = flow_of(Halves())
+    produced = flow.produced("expand")
+    (cut,) = flow.members("expand", [1]).cuts
+    assert flow.cuts_right(cut, {flow.group_of(produced[6])})  # split(4) of 7 channels: [4, 3], right
+    assert not flow.cuts_right(cut, {flow.group_of(produced[1])})  # [4, 3] again, but the first piece lost one
+    units = {u.module_name: u for u in find_prunable(Halves().eval(), torch.randn(IMAGE))}
+    assert units["expand"].reason and "split in the model" not in units["expand"].reason
+    assert "cut the pruned, narrower tensor in the wrong place" in units["expand"].reason
+    assert units["inner"].prunable
+
+
+def test_torch_pruning_s_group_is_kept_where_it_agrees_and_the_flow_s_is_used_where_not() -> None:
+    """A plain residual model: Torch-Pruning's own group (with its operator nodes) comes back. The split-and-swap
+    model: the group is built from the flow (no operator nodes) and holds exactly the coupled layers."""
+    model = Residual().eval()
+    graph = build_dependency_graph(model, torch.randn(IMAGE))
+    group = removal_group(graph, model.a, [2])
+    assert any(type(item.dep.target.module).__module__.startswith("torch_pruning") for item in group)
+
+    model = SplitCat().eval()
+    graph = build_dependency_graph(model, torch.randn(IMAGE))
+    coupling = flow_coupling(graph, model.stem, [1, 9])
+    assert coupling is not None and not coupling.blocked
+    group = removal_group(graph, model.stem, [1, 9])
+    found = sorted((graph.names[item.dep.target.module], list(item.idxs), list(item.root_idxs)) for item in group)
+    assert found == [("first", [1], [1]), ("second", [5], [9]), ("stem", [1, 9], [1, 9])]
+
+
+def test_padding_before_a_window_view_keeps_the_channels_in_one_dimension() -> None:
+    """Swin pads its tokens to whole windows and views them per window: the padded positions carry no channel, so
+    the view does not spread channels over several dimensions."""
+
+    class Windows(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Conv2d(3, 4, 3, stride=3)
+            self.mix = nn.Linear(4, 4)
+            self.head = nn.Linear(4, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = F.pad(self.embed(x).permute(0, 2, 3, 1), (0, 0, 0, 1, 0, 1))  # 5 x 5 tokens padded to 6 x 6
+            b, h, w, c = x.shape
+            x = x.view(b, h // 2, 2, w // 2, 2, c)
+            return self.head(self.mix(x).mean(dim=(1, 2, 3, 4)))
+
+    coupling = flow_of(Windows()).members("embed", [1])
+    assert coupling.blocked == [] and [name for name, _ in coupling.layers] == ["embed", "mix"]
