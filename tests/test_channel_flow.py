@@ -11,8 +11,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from analysis.structure.channel_flow import ChannelFlow, trace_channel_flow
+from analysis.structure.cuts import PieceSizes, register, unregister
+from analysis.structure.flops import CostModel, count_cost
 from analysis.structure.flow_groups import flow_coupling
 from analysis.structure.groups import build_dependency_graph, find_prunable, removal_group
+from analysis.structure.physical import pruned_copy
 
 IMAGE = (2, 3, 16, 16)
 
@@ -252,3 +255,36 @@ def test_padding_before_a_window_view_keeps_the_channels_in_one_dimension() -> N
 
     coupling = flow_of(Windows()).members("embed", [1])
     assert coupling.blocked == [] and [name for name, _ in coupling.layers] == ["embed", "mix"]
+
+
+class StoredSplit(SplitCat):
+    """SplitCat with its split sizes stored on the module (as timm's MixedConv2d keeps ``splits``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.splits = [4, 8]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = torch.split(self.stem(x), self.splits, dim=1)
+        x = torch.cat([self.first(a), self.second(b)], dim=1)
+        return self.head(self.last(x).mean(dim=(2, 3)))
+
+
+def test_costs_of_a_group_built_from_the_flow_equal_the_pruned_copy() -> None:
+    """The cost model reads a flow-built group as it reads Torch-Pruning's: MACs and parameters of the variant equal
+    those counted on the physically pruned copy (the split pieces, the class token and the position embedding), and
+    the stored split sizes follow the removal."""
+    register(StoredSplit, PieceSizes("splits"))
+    try:
+        for model, root, channels in ((StoredSplit(), "stem", [1, 9]), (Tokens(), "patch", [0, 4])):
+            model.eval()
+            x = torch.randn(IMAGE)
+            graph = build_dependency_graph(model, x)
+            group = removal_group(graph, model.get_submodule(root), channels)
+            built_from_flow = not any(type(i.dep.target.module).__module__.startswith("torch_pruning") for i in group)
+            assert built_from_flow == isinstance(model, StoredSplit)  # Torch-Pruning gets the tokens right
+            smaller = pruned_copy(model, root, channels, x)
+            assert CostModel(model, x).variant(graph, root, channels) == count_cost(smaller, x)
+        assert smaller is not None and pruned_copy(StoredSplit().eval(), "stem", [1, 9], x).splits == [3, 7]
+    finally:
+        unregister(StoredSplit)

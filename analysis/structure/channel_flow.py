@@ -30,6 +30,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 NO_LABEL = -1
 """The label of an element that carries no layer's channel (the input image, constants)."""
+_CODE = 1 << 31
+"""Labels stay below this, so a pair of them packs into one int64."""
 PADDING = -2
 """The label of an element a constant pad added: it belongs to whichever channel it sits in."""
 
@@ -498,7 +500,8 @@ class _LabelTracer(TorchFunctionMode):
         for labels in operands:
             both = (result >= 0) & (labels >= 0) & (result != labels)
             if bool(both.any()):
-                self._couple(torch.stack([result[both], labels[both]], dim=1).unique(dim=0).tolist())
+                codes = (result[both] * _CODE + labels[both]).unique()  # one pair per code: fast on big tensors
+                self._couple(torch.stack([codes // _CODE, codes % _CODE], dim=1).tolist())
             result = torch.where(result < 0, labels, result)
         return result
 
