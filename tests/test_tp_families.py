@@ -37,7 +37,13 @@ from analysis.structure.custom_layers import (
 from analysis.structure.cuts import PieceSizes, SliceBound
 from analysis.structure.cuts import register as register_stored_sizes
 from analysis.structure.cuts import unregister as unregister_stored_sizes
-from analysis.structure.groups import PrunableUnit, build_dependency_graph, find_prunable
+from analysis.structure.groups import (
+    PrunableUnit,
+    build_dependency_graph,
+    find_prunable,
+    is_out_channel_item,
+    removal_group,
+)
 from analysis.structure.physical import pruned_copy
 
 IMAGE = (2, 3, 32, 32)
@@ -822,3 +828,61 @@ def stored_sizes_registered() -> Iterator[None]:
     finally:
         for module_type in entries:
             unregister_stored_sizes(module_type)
+
+
+@pytest.mark.usefixtures("stored_sizes_registered")
+def test_d_mixnet_second_piece_through_two_concatenations_is_exact() -> None:
+    """The second piece of each mixed conv sits at an offset in both concatenations (conv_pwl's input channel 9)."""
+    assert_removal_is_exact(MixNetLike(), "conv_pw.convs.1", [1], {"conv_pw.convs.1": ([1], 1)})
+
+
+def _group_items(model: nn.Module, root: str, channels: Sequence[int]) -> set[tuple[str, str, tuple[int, ...]]]:
+    """``(module, out or in, indices)`` of each layer in the removal group of ``channels`` of ``root``."""
+    model.eval()
+    graph = build_dependency_graph(model, torch.randn(IMAGE))
+    names = {module: name for name, module in model.named_modules()}
+    group = removal_group(graph, model.get_submodule(root), channels)
+    return {
+        (names[item.dep.target.module], "out" if is_out_channel_item(graph, item) else "in", tuple(item.idxs))
+        for item in group
+        if item.dep.target.module in names
+    }
+
+
+def test_d_split_pieces_go_to_the_consumer_that_reads_them() -> None:
+    """Torch-Pruning 1.6.1 gives ``stem``'s channels 1 and 6 (piece 0 channel 1, piece 1 channel 2) to ``convs.1``
+    as [1] and ``convs.0`` as [2], swapped; the group comes from the channel flow instead."""
+    assert _group_items(MixNetLike(), "stem", [1, 6]) == {
+        ("stem", "out", (1, 6)),
+        ("conv_pw.convs.0", "in", (1,)),
+        ("conv_pw.convs.1", "in", (2,)),
+    }
+
+
+def test_d_concatenation_offsets_follow_the_pieces() -> None:
+    """Torch-Pruning 1.6.1 leaves both concatenations of a mixed conv unmapped (their inferred width disagrees with
+    their inputs'), so ``conv_pwl`` would lose input channel 1 instead of 9."""
+    assert _group_items(MixNetLike(), "conv_pw.convs.1", [1]) == {
+        ("conv_pw.convs.1", "out", (1,)),
+        ("conv_dw.convs.1", "out", (1,)),
+        ("conv_pwl", "in", (9,)),
+    }
+
+
+def test_f_cspnet_unit_that_would_make_the_halves_unequal_is_left_out() -> None:
+    """``conv_exp`` feeds both halves of ``x.split(self.expand_chs // 2)``: after removing a channel of the first
+    half, the same split cuts in the wrong place, so the unit is left out with that as its reason; ``conv3`` feeds
+    only the last half, where ``split(8)`` of 15 channels still cuts [8, 7]."""
+    units = {unit.module_name: unit for unit in find_prunable(CSPLike().eval(), torch.randn(IMAGE))}
+    assert units["stage.conv_exp"].reason == (
+        "its channels pass split in stage (_CrossStage), which would cut the pruned, narrower tensor in the wrong place"
+    )
+    assert units["stage.conv3"].prunable and units["stage.conv_transition_b"].prunable
+
+
+def test_f_res2net_without_its_stored_sizes_leaves_the_split_units_out() -> None:
+    """Control: an int split whose sizes nothing rewrites leaves out every unit that changes a piece but the last."""
+    units = {unit.module_name: unit for unit in find_prunable(Res2NetLike().eval(), torch.randn(IMAGE))}
+    for name in ("block.conv1", "block.convs.0"):  # convs.0's output is added to piece 1
+        assert "split in block (_Bottle2neck)" in (units[name].reason or ""), name
+    assert units["block.convs.2"].prunable  # its output goes to the concatenation only
