@@ -208,6 +208,7 @@ class ChannelFlow:
     blocked: dict[int, str] = field(default_factory=dict)
     cuts: list[Cut] = field(default_factory=list)
     sets: _UnionFind = field(default_factory=_UnionFind)
+    _by_set: _Index | None = None
 
     def group_of(self, label: int) -> int:
         """The representative of the coupled set ``label`` belongs to."""
@@ -220,12 +221,6 @@ class ChannelFlow:
     def produced(self, layer: str) -> tuple[int, ...]:
         """The labels of ``layer``'s output channels (its first call)."""
         return next(use.produced for use in self.uses if use.layer == layer)
-
-    def blocking(self, labels: Iterable[int]) -> list[str]:
-        """The operators blocking any of ``labels``' coupled sets, one entry per operator."""
-        wanted = {self.group_of(label) for label in labels if label >= 0}
-        found = {reason for label, reason in self.blocked.items() if self.group_of(label) in wanted}
-        return sorted(found)
 
     def _sets(self, labels: Iterable[int]) -> set[int]:
         return {self.group_of(label) for label in labels if label >= 0}
@@ -256,31 +251,56 @@ class ChannelFlow:
 
     def members(self, layer: str, channels: Sequence[int]) -> Coupling:
         """Everything that removing ``channels`` of ``layer``'s outputs removes with them."""
+        index = self._index()
         produced = self.produced(layer)
         wanted = {self.group_of(produced[c]) for c in channels}
+        found = sorted(entry for group in wanted for entry in index.layers.get(group, ()))
         sides: dict[tuple[str, bool], dict[int, int]] = {}
-
-        def collect(name: str, out: bool, labels: Sequence[int]) -> None:
-            for index, label in enumerate(labels):
-                if label >= 0 and (group := self.group_of(label)) in wanted:
-                    sides.setdefault((name, out), {}).setdefault(index, group)
-
-        for use in self.uses:
-            collect(use.layer, True, use.produced)
-            if not use.passes:
-                collect(use.layer, False, use.consumed)
+        for _, name, out, position, group in found:  # forward order: the order of the layer calls
+            sides.setdefault((name, out), {}).setdefault(position, group)
         coupling = Coupling(
             [(name, Side(out, tuple(sorted(pairs.items())))) for (name, out), pairs in sides.items()],
-            blocked=self.blocking(produced[c] for c in channels),
+            blocked=sorted({reason for group in wanted for reason in index.blocked.get(group, ())}),
+            cuts=[cut for cut, sets in index.cuts if wanted & sets],
         )
-        coupling.cuts = [cut for cut in self.cuts if self._cuts_sets(cut) and wanted & self._sets(cut.source)]
-        for name, labels in self.parameters.items():
-            hits = [
-                (i, g) for i, label in enumerate(labels.flatten().tolist()) if (g := self.group_of(label)) in wanted
-            ]
-            if hits:
-                coupling.parameters[name] = hits
+        for group in wanted:
+            for name, position in index.parameters.get(group, ()):
+                coupling.parameters.setdefault(name, []).append((position, group))
+        for pairs in coupling.parameters.values():
+            pairs.sort()
         return coupling
+
+    def _index(self) -> _Index:
+        """Every layer side, parameter element, block and cut by coupled set (built once, after the trace)."""
+        if self._by_set is not None:
+            return self._by_set
+        index = _Index()
+        for order, use in enumerate(self.uses):
+            for out, labels in ((True, use.produced), (False, use.consumed)):
+                if out or not use.passes:
+                    for position, label in enumerate(labels):
+                        if label >= 0:
+                            group = self.group_of(label)
+                            index.layers.setdefault(group, []).append((order, use.layer, out, position, group))
+        for name, labels in self.parameters.items():
+            for position, label in enumerate(labels.flatten().tolist()):
+                index.parameters.setdefault(self.group_of(label), []).append((name, position))
+        for label, reason in self.blocked.items():
+            index.blocked.setdefault(self.group_of(label), set()).add(reason)
+        index.cuts = [(cut, self._sets(cut.source)) for cut in self.cuts if self._cuts_sets(cut)]
+        self._by_set = index
+        return index
+
+
+@dataclass
+class _Index:
+    """:class:`ChannelFlow`'s lookups by coupled set: layer sides ``(call order, layer, out, index, set)``,
+    parameter elements ``(name, flat index)``, blocking operators, and the cuts with the sets they cut."""
+
+    layers: dict[int, list[tuple[int, str, bool, int, int]]] = field(default_factory=dict)
+    parameters: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
+    blocked: dict[int, set[str]] = field(default_factory=dict)
+    cuts: list[tuple[Cut, set[int]]] = field(default_factory=list)
 
 
 def trace_channel_flow(model: nn.Module, example_input: torch.Tensor) -> ChannelFlow:

@@ -1,10 +1,12 @@
-"""Removal groups built from the channel flow, where Torch-Pruning's own group is wrong or cannot be built.
+"""Removal groups built from the channel flow (:mod:`channel_flow`) instead of Torch-Pruning's index mappings.
 
-Torch-Pruning's group of a unit is kept whenever it agrees with the channel flow (:mod:`channel_flow`): same
-layers, same sides, same indices. Where it disagrees (a split, cat, slice or reshape it maps wrongly), or its search
-raises, the group is built here from the flow instead: one item per layer, parameter or customised layer the flow
-couples to the removed channels, each with the pruning function Torch-Pruning itself would apply to it. The rest of
-the package (masking, physical removal, costs) reads the items the same way.
+Torch-Pruning maps channel indices through splits, cats, slices and reshapes by guessing widths, and several of its
+guesses are wrong in 1.6.1 (benchmarks/tp_failure_families.md); its group search also runs for minutes on a few
+models. Wherever the flow follows every operator a unit's channels pass, the unit's group is built here from the
+flow: one item per layer side, parameter or customised layer the flow couples to the removed channels, each with
+the pruning function Torch-Pruning itself applies to that layer, so masking, physical removal and costs read it as
+they read Torch-Pruning's groups. Where the flow is blocked (an operator it does not know), Torch-Pruning's own
+group is used, as before.
 """
 
 from __future__ import annotations
@@ -61,27 +63,12 @@ def choose_group(
     channels: Sequence[int],
     torch_pruning_group: Callable[[], tp.dependency.Group],
 ) -> tp.dependency.Group:
-    """Torch-Pruning's group for ``channels`` of ``root`` when it agrees with the channel flow (or there is no
-    usable flow), else the group built from the flow. Torch-Pruning's error is raised only where the flow cannot
-    stand in."""
+    """The group of ``channels`` of ``root`` built from the channel flow where the flow follows every operator the
+    channels pass; Torch-Pruning's own group (``torch_pruning_group``) elsewhere."""
     coupling = flow_coupling(graph, root, channels)
-    usable = coupling is not None and not coupling.blocked
-    try:
-        group = torch_pruning_group()
-    except Exception:
-        if not usable:
-            raise
-        logger.debug("Torch-Pruning's group search failed for %s; using the channel flow", graph.names[root])
-        assert coupling is not None
-        return build_group(graph, root, channels, coupling)
-    if not usable:
-        return group
-    assert coupling is not None
-    ours = _entries(graph, root, channels, coupling)
-    if _canonical(graph, ours) == _canonical(graph, _torch_pruning_entries(graph, group)):
-        return group
-    logger.debug("Torch-Pruning's group for %s disagrees with the channel flow; using the flow", graph.names[root])
-    return _as_group(graph, root, ours)
+    if coupling is None or coupling.blocked:
+        return torch_pruning_group()
+    return build_group(graph, root, channels, coupling)
 
 
 def build_group(
@@ -168,32 +155,6 @@ def _parameter_node(graph: CoupledGraph, param: nn.Parameter, name: str) -> Any:
         node = tp.dependency.Node(param, None, name)
         graph.module2node[param] = node
     return node
-
-
-def _torch_pruning_entries(graph: CoupledGraph, group: tp.dependency.Group) -> list[_Entry]:
-    entries = []
-    for item in group:
-        target = item.dep.target.module
-        if not isinstance(target, (nn.Module, nn.Parameter)) or _is_op(graph, target):
-            continue
-        out = bool(graph.is_out_channel_pruning_fn(item.dep.handler))
-        entries.append(_Entry(target, out, tuple(zip(item.idxs, item.root_idxs, strict=True))))
-    return entries
-
-
-def _is_op(graph: CoupledGraph, target: Any) -> bool:
-    """True for Torch-Pruning's nodes of operators (add, cat, ...), which hold no tensor of the model."""
-    node = graph.module2node.get(target)
-    return node is not None and type(target).__module__.startswith("torch_pruning.")
-
-
-def _canonical(graph: CoupledGraph, entries: Sequence[_Entry]) -> set[tuple[int, bool, frozenset[int]]]:
-    """Entries as comparable facts: which target, which side, which indices (per-channel layers as out sides)."""
-    merged: dict[tuple[int, bool], set[int]] = {}
-    for entry in entries:
-        out = entry.out or _per_channel(entry.target, graph)
-        merged.setdefault((id(entry.target), out), set()).update(i for i, _ in entry.pairs)
-    return {(key, out, frozenset(indices)) for (key, out), indices in merged.items()}
 
 
 def _per_channel(target: Any, graph: CoupledGraph | None = None) -> bool:
