@@ -292,3 +292,34 @@ def test_costs_of_a_group_built_from_the_flow_equal_the_pruned_copy() -> None:
         assert smaller is not None and pruned_copy(StoredSplit().eval(), "stem", [1, 9], x).splits == [3, 7]
     finally:
         unregister(StoredSplit)
+
+
+class Ghost(nn.Module):
+    """GhostNet's module on a residual: a cheap depthwise copy of the primary conv's output concatenated to it, so
+    the stream's channel c and c + 4 both come from the primary conv's channel c."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 1)
+        self.primary = nn.Conv2d(8, 4, 1)
+        self.cheap = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        y = self.primary(x)
+        x = x + torch.cat([y, self.cheap(y)], dim=1)
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def test_a_root_coupled_to_more_of_its_own_channels_loses_them_all() -> None:
+    model = Ghost().eval()
+    x = torch.randn(IMAGE)
+    graph = build_dependency_graph(model, x)
+    group = removal_group(graph, model.stem, [1])
+    found = {(graph.names[item.dep.target.module], tuple(item.idxs), tuple(item.root_idxs)) for item in group}
+    assert ("stem", (1, 5), (1, 1)) in found and ("primary", (1,), (1,)) in found and ("cheap", (1,), (1,)) in found
+    smaller = pruned_copy(model, "stem", [1], x)
+    assert smaller.stem.out_channels == 6 and smaller.primary.out_channels == 3
+    with torch.inference_mode():
+        assert smaller(x).shape == (2, 10)

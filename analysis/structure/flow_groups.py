@@ -90,12 +90,9 @@ def _entries(graph: CoupledGraph, root: nn.Module, channels: Sequence[int], coup
     root_of: dict[int, int] = {}
     for channel in channels:
         root_of.setdefault(flow.group_of(produced[channel]), int(channel))
-    entries = [_Entry(root, True, tuple((int(c), int(c)) for c in sorted(channels)))]
-    for layer, side in coupling.sides():
-        module = model.get_submodule(layer)
-        if module is root and side.out:
-            continue
-        target = _owner(graph, module)
+    entries = [_Entry(root, True, tuple((int(c), int(c)) for c in sorted(channels)))]  # first, as Torch-Pruning's
+    for layer, side in coupling.sides():  # the root's own side too: its channels may be coupled to more of its own
+        target = _owner(graph, model.get_submodule(layer))
         entries.append(_Entry(target, side.out, tuple((i, root_of[group]) for i, group in side.labels)))
     for name, flat in coupling.parameters.items():
         param = model.get_parameter(name)
