@@ -282,8 +282,8 @@ class ChannelFlow:
                         if label >= 0:
                             group = self.group_of(label)
                             index.layers.setdefault(group, []).append((order, use.layer, out, position, group))
-        for name, labels in self.parameters.items():
-            for position, label in enumerate(labels.flatten().tolist()):
+        for name, elements in self.parameters.items():
+            for position, label in enumerate(elements.flatten().tolist()):
                 index.parameters.setdefault(self.group_of(label), []).append((name, position))
         for label, reason in self.blocked.items():
             index.blocked.setdefault(self.group_of(label), set()).add(reason)
@@ -323,7 +323,7 @@ def trace_channel_flow(model: nn.Module, example_input: torch.Tensor) -> Channel
     ):
         output = model(example_input)
     for tensor in _tensors(output):
-        labels = tracer.labels.get(tensor)
+        labels = tracer.labels.get(tensor)  # type: ignore[no-untyped-call]  # torch.utils.weak is unannotated
         if labels is not None:
             tracer.block(labels, "the model output")
     return flow
@@ -410,7 +410,7 @@ class _LabelTracer(TorchFunctionMode):
 
     def label_of(self, tensor: torch.Tensor) -> torch.Tensor:
         """The labels of ``tensor``: its own, a bare parameter's (made on first use), else ``NO_LABEL``."""
-        found = self.labels.get(tensor)
+        found: torch.Tensor | None = self.labels.get(tensor)  # type: ignore[no-untyped-call]
         if found is not None:
             return found
         if self._is_bare(tensor):
@@ -422,7 +422,7 @@ class _LabelTracer(TorchFunctionMode):
         return torch.full(tensor.shape, NO_LABEL, dtype=torch.long)
 
     def block(self, labels: torch.Tensor, reason: str) -> None:
-        for label in labels.unique().tolist():
+        for label in torch.unique(labels).tolist():
             if label >= 0:
                 self.flow.blocked.setdefault(int(label), reason)
 
@@ -453,7 +453,7 @@ class _LabelTracer(TorchFunctionMode):
         rows = moved.reshape(-1, max(1, int(torch.tensor(moved.shape[len(kept) :]).prod().item())))
         result = rows[:, 0].clone()
         for index in torch.nonzero(~(rows == rows[:, :1]).all(dim=1)).flatten().tolist():
-            met = set(rows[index].unique().tolist()) - {PADDING}
+            met = set(torch.unique(rows[index]).tolist()) - {PADDING}
             if NO_LABEL in met:
                 raise _Blocked(f"{reader}, which reads a channel that also holds values no layer made")
             owners = [self.flow.sets.owner[label] for label in met]
@@ -520,7 +520,7 @@ class _LabelTracer(TorchFunctionMode):
         for labels in operands:
             both = (result >= 0) & (labels >= 0) & (result != labels)
             if bool(both.any()):
-                codes = (result[both] * _CODE + labels[both]).unique()  # one pair per code: fast on big tensors
+                codes = torch.unique(result[both] * _CODE + labels[both])  # one pair per code: fast on big tensors
                 self._couple(torch.stack([codes // _CODE, codes % _CODE], dim=1).tolist())
             result = torch.where(result < 0, labels, result)
         return result
@@ -682,7 +682,7 @@ def _along(labels: torch.Tensor, dim: int | None, rank: int) -> tuple[int, ...]:
 
 
 def _distinct(labels: torch.Tensor) -> list[int]:
-    return [int(v) for v in labels.unique().tolist() if v >= 0]
+    return [int(v) for v in torch.unique(labels).tolist() if v >= 0]
 
 
 def _unsqueezed(labels: torch.Tensor, dims: Iterable[int]) -> torch.Tensor:

@@ -115,7 +115,7 @@ def _owner(graph: CoupledGraph, module: nn.Module) -> nn.Module:
     if module in graph.module2node:
         return module
     for name in _ancestors(graph.names.get(module, "")):
-        above = graph.model.get_submodule(name)
+        above: nn.Module = graph.model.get_submodule(name)
         if channel_pruner(graph, above) is not None or fixed_width_pruner(graph, above) is not None:
             return above
     return module
@@ -203,7 +203,10 @@ def _merged(graph: CoupledGraph, entries: Sequence[_Entry]) -> list[_Entry]:
 def _function(graph: CoupledGraph, target: Any, out: bool) -> Callable[..., Any]:
     """The pruning function Torch-Pruning applies to ``target``'s outputs (``out``) or inputs."""
     if isinstance(target, _CONVS) and _per_channel(target, graph):
-        return tp.prune_depthwise_conv_out_channels if out else tp.prune_depthwise_conv_in_channels
+        depthwise: Callable[..., Any] = (
+            tp.prune_depthwise_conv_out_channels if out else tp.prune_depthwise_conv_in_channels
+        )
+        return depthwise
     pruner = graph.get_pruner_of_module(target)
     if pruner is None:
         raise ValueError(f"Torch-Pruning has no pruning function for {type(target).__name__}")
