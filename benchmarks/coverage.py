@@ -776,6 +776,54 @@ def print_table(records: Sequence[dict[str, Any]], reasons: bool = True) -> None
                 print(f"      {line}")
 
 
+def summary_rows(records: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """The README's coverage summary, torchvision and timm side by side: one ``(what, torchvision, timm)`` per row."""
+    columns = []
+    for source in ("torchvision", "timm"):
+        mine = [r for r in records if r.get("source") == source]
+        clean = [r for r in mine if r.get("status") == "ok" and not problems(r)]
+        counted = [r for r in mine if r.get("found") is not None]
+        kinds: Counter[str] = Counter()
+        for record in counted:
+            kinds.update(record.get("kinds") or {})
+        found = sum(r["found"] for r in counted)
+        per_model = sorted(counted, key=lambda r: r["found"])
+        largest = per_model[-1] if per_model else None
+        median = per_model[len(per_model) // 2]["found"] if per_model else 0
+        firsts = [(r.get("engines") or {}).get("reference") or {} for r in counted]
+        analysed = sum(e.get("analysed", 0) for e in firsts)
+        selected = sum(r.get("selected") or 0 for r in counted)
+        failed = sum(len(e.get("skipped") or {}) for e in firsts)
+        dropped = sum(len(e.get("dropped") or []) for e in firsts)
+        compared = [r for r in counted if r.get("fast_vs_reference")]
+        same = sum(1 for r in compared if r["fast_vs_reference"]["equal"])
+        columns.append((
+            str(len(mine)),
+            str(len(clean)),
+            f"{found} ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))})",
+            str(sum(r.get("prunable") or 0 for r in counted)),
+            f"{median} ({largest['name']}: {largest['found']})" if largest else "-",
+            f"{analysed} / {selected}",
+            str(failed),
+            str(dropped),
+            f"{same} of {len(compared)}",
+        ))  # fmt: skip
+    labels = (
+        "models", "analysed without error", "units found (models analysed)", "of which prunable",
+        "units per model, median (max)", "sampled units analysed / selected",
+        "sampled units left out by the engine (with a reason)", "selected but neither analysed nor given a reason",
+        "fast engine == reference engine",
+    )  # fmt: skip
+    return [(label, tv, tm) for label, tv, tm in zip(labels, *columns, strict=True)]
+
+
+def print_summary(records: Sequence[dict[str, Any]]) -> None:
+    """The summary of :func:`summary_rows` as a Markdown table."""
+    print("| | torchvision | timm |\n| --- | --- | --- |")
+    for label, torchvision, timm in summary_rows(records):
+        print(f"| {label} | {torchvision} | {timm} |")
+
+
 # ------------------------------------------------------------------------------------------------------------- main
 
 
@@ -804,6 +852,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--print-only", action="store_true", help="print the table of --out and exit")
     parser.add_argument("--no-reasons", action="store_true", help="print the table without the reasons")
+    parser.add_argument("--summary", action="store_true", help="also print the summary table of the README")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--record", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -824,7 +873,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return child(args)
     out: Path = args.out
     if args.print_only:
-        print_table(list(read_records(out).values()), not args.no_reasons)
+        records = list(read_records(out).values())
+        print_table(records, not args.no_reasons)
+        if args.summary:
+            print()
+            print_summary(records)
         return 0
     if args.source in ("timm", "all"):
         missing = check_timm_names()
@@ -846,6 +899,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = read_records(out)
     print()
     print_table([records[s.key] for s in specs if s.key in records], not args.no_reasons)
+    if args.summary:
+        print()
+        print_summary([records[s.key] for s in specs if s.key in records])
     return 0
 
 
