@@ -39,6 +39,11 @@ _CONVS = {"conv1d", "conv2d", "conv3d"}
 _LAYERS = {*_CONVS, "linear", "multi_head_attention_forward"}
 _NORM_WEIGHT_ARGUMENT = {"batch_norm": 3, "instance_norm": 3, "group_norm": 2, "layer_norm": 2}
 """Where the functional norms take their weight (``F.batch_norm(input, mean, var, weight, ...)``)."""
+_LAYER_TYPES = (
+    nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm,
+    nn.modules.instancenorm._InstanceNorm, nn.MultiheadAttention,
+)  # fmt: skip
+"""Layers whose parameters the flow reads through the functional call of the layer (conv2d, batch_norm, ...)."""
 _MATMULS = {"matmul", "__matmul__", "__rmatmul__", "bmm", "baddbmm"}
 _NORMS = {"batch_norm", "instance_norm", "group_norm", "layer_norm"}
 _ELEMENTWISE_UNARY = {
@@ -341,17 +346,16 @@ class _LabelTracer(TorchFunctionMode):
         self.model_name = type(model).__name__
         self.owners: dict[str, int] = {}
         self.layer_of: dict[int, str] = {}
+        self.layer_parameters: set[int] = set()
         self.param_name: dict[int, str] = {}
         for name, module in model.named_modules():
             weight = getattr(module, "weight", None)
-            if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)) and isinstance(weight, torch.Tensor):
-                self.layer_of[id(weight)] = name
-            elif isinstance(module, nn.MultiheadAttention) and module.in_proj_weight is not None:
-                self.layer_of[id(module.in_proj_weight)] = name
-            elif isinstance(weight, torch.Tensor) and isinstance(
-                module, (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm, nn.InstanceNorm2d)
-            ):
-                self.layer_of[id(weight)] = name
+            if isinstance(module, nn.MultiheadAttention) and module.in_proj_weight is not None:
+                weight = module.in_proj_weight
+            elif not isinstance(module, _LAYER_TYPES) or not isinstance(weight, torch.Tensor):
+                continue
+            self.layer_of[id(weight)] = name
+            self.layer_parameters.update(id(param) for param in module.parameters())
         for name, param in model.named_parameters():
             self.param_name.setdefault(id(param), name)
 
@@ -406,7 +410,12 @@ class _LabelTracer(TorchFunctionMode):
         return [t for t in _tensors((args, kwargs)) if t in self.labels or self._is_bare(t)]
 
     def _is_bare(self, tensor: torch.Tensor) -> bool:
-        return isinstance(tensor, nn.Parameter) and id(tensor) in self.param_name and id(tensor) not in self.layer_of
+        """True for a parameter of the model that no layer the flow knows owns (a class token, a layer scale)."""
+        return (
+            isinstance(tensor, nn.Parameter)
+            and id(tensor) in self.param_name
+            and id(tensor) not in self.layer_parameters
+        )
 
     def label_of(self, tensor: torch.Tensor) -> torch.Tensor:
         """The labels of ``tensor``: its own, a bare parameter's (made on first use), else ``NO_LABEL``."""
