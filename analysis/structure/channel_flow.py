@@ -308,8 +308,20 @@ class _Index:
     cuts: list[tuple[Cut, set[int]]] = field(default_factory=list)
 
 
+class UntraceableModel(Exception):
+    """The model computes somewhere the label tracer cannot see (a TorchScript submodule)."""
+
+
 def trace_channel_flow(model: nn.Module, example_input: torch.Tensor) -> ChannelFlow:
-    """Run ``model`` once on ``example_input`` (no gradients) and return its channel flow."""
+    """Run ``model`` once on ``example_input`` (no gradients) and return its channel flow.
+
+    Raises:
+        UntraceableModel: For a model with a TorchScript submodule, whose operators never reach the tracer (its
+            labels would silently stop there, and the groups would miss its layers).
+    """
+    scripted = [name for name, module in model.named_modules() if isinstance(module, torch.jit.ScriptModule)]
+    if scripted:
+        raise UntraceableModel(f"{scripted[0] or type(model).__name__} is a TorchScript module")
     flow = ChannelFlow()
     tracer = _LabelTracer(model, flow)
     names = {module: name for name, module in model.named_modules()}
@@ -367,6 +379,9 @@ class _LabelTracer(TorchFunctionMode):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
         name = getattr(func, "__name__", "")
+        if name == "__get__" and isinstance(result, torch.Tensor) and self._labelled(args, kwargs):
+            self._attribute(getattr(getattr(func, "__self__", None), "__name__", ""), args[0], result)
+            return result
         if name in _IGNORED or not (name in _LAYERS or self._labelled(args, kwargs)):
             return result
         try:
@@ -402,6 +417,23 @@ class _LabelTracer(TorchFunctionMode):
             self._attention(args, kwargs, out)
         else:
             raise _Blocked(f"the operator {name}")
+
+    def _attribute(self, name: str, tensor: torch.Tensor, result: torch.Tensor) -> None:
+        """A tensor attribute of a labelled tensor (``x.T``, ``x.mT``, ``x.data``): the labels follow it, or are
+        blocked for any other attribute (``x.grad``)."""
+        moves: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+            "T": lambda labels: labels.permute(*reversed(range(labels.dim()))),
+            "H": lambda labels: labels.permute(*reversed(range(labels.dim()))),
+            "mT": lambda labels: labels.transpose(-2, -1),
+            "mH": lambda labels: labels.transpose(-2, -1),
+            "data": lambda labels: labels,
+            "real": lambda labels: labels,
+        }
+        labels = self.label_of(tensor)
+        if name in moves and moves[name](labels).shape == result.shape:
+            self._set(result, moves[name](labels))
+        else:
+            self.block(labels, f"the attribute {name or '?'}")
 
     # ---------------------------------------------------------------------------------------------- labels
 
