@@ -54,7 +54,7 @@ _ELEMENTWISE_UNARY = {
     "sqrt", "rsqrt", "square", "erf", "clamp", "clamp_", "clamp_min", "clamp_max", "__neg__", "pow", "__pow__",
     "log", "sign", "sin", "cos", "reciprocal", "gelu_", "requires_grad_", "cpu", "cuda", "masked_fill",
     "masked_fill_", "nan_to_num", "logit", "softsign", "tanhshrink", "hardshrink", "softshrink", "threshold", "celu",
-    "rrelu", "glu_", "exp_", "mul_scalar",
+    "rrelu", "exp_", "mul_scalar",
 }  # fmt: skip
 _ELEMENTWISE_BINARY = {
     "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "__add__", "__iadd__", "__radd__", "__sub__",
