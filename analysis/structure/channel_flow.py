@@ -214,6 +214,7 @@ class ChannelFlow:
     cuts: list[Cut] = field(default_factory=list)
     sets: _UnionFind = field(default_factory=_UnionFind)
     _by_set: _Index | None = None
+    _couplings: dict[tuple[str, tuple[int, ...]], Coupling] = field(default_factory=dict)
 
     def group_of(self, label: int) -> int:
         """The representative of the coupled set ``label`` belongs to."""
@@ -221,11 +222,11 @@ class ChannelFlow:
 
     def has_output(self, layer: str) -> bool:
         """True when ``layer`` produced channels of its own in the traced forward pass."""
-        return any(use.layer == layer and not use.passes for use in self.uses)
+        return layer in self._index().producers
 
     def produced(self, layer: str) -> tuple[int, ...]:
         """The labels of ``layer``'s output channels (its first call)."""
-        return next(use.produced for use in self.uses if use.layer == layer)
+        return self._index().produced[layer]
 
     def _sets(self, labels: Iterable[int]) -> set[int]:
         return {self.group_of(label) for label in labels if label >= 0}
@@ -255,7 +256,14 @@ class ChannelFlow:
         return pieces == [tuple(self.kept(piece, removed)) for piece in cut.pieces]
 
     def members(self, layer: str, channels: Sequence[int]) -> Coupling:
-        """Everything that removing ``channels`` of ``layer``'s outputs removes with them."""
+        """Everything that removing ``channels`` of ``layer``'s outputs removes with them (kept: discovery, the
+        reasons and every removal ask for the same units again)."""
+        key = (layer, tuple(sorted(int(c) for c in channels)))
+        if key not in self._couplings:
+            self._couplings[key] = self._members(layer, key[1])
+        return self._couplings[key]
+
+    def _members(self, layer: str, channels: Sequence[int]) -> Coupling:
         index = self._index()
         produced = self.produced(layer)
         wanted = {self.group_of(produced[c]) for c in channels}
@@ -280,6 +288,10 @@ class ChannelFlow:
         if self._by_set is not None:
             return self._by_set
         index = _Index()
+        for use in self.uses:
+            index.produced.setdefault(use.layer, use.produced)
+            if not use.passes:
+                index.producers.add(use.layer)
         for order, use in enumerate(self.uses):
             for out, labels in ((True, use.produced), (False, use.consumed)):
                 if out or not use.passes:
@@ -299,10 +311,13 @@ class ChannelFlow:
 
 @dataclass
 class _Index:
-    """:class:`ChannelFlow`'s lookups by coupled set: layer sides ``(call order, layer, out, index, set)``,
-    parameter elements ``(name, flat index)``, blocking operators, and the cuts with the sets they cut."""
+    """:class:`ChannelFlow`'s lookups: by coupled set, the layer sides ``(call order, layer, out, index, set)``,
+    parameter elements ``(name, flat index)`` and blocking operators; by layer, its first output labels (and which
+    layers produce channels of their own); and the cuts with the sets they cut."""
 
     layers: dict[int, list[tuple[int, str, bool, int, int]]] = field(default_factory=dict)
+    produced: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    producers: set[str] = field(default_factory=set)
     parameters: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
     blocked: dict[int, set[str]] = field(default_factory=dict)
     cuts: list[tuple[Cut, set[int]]] = field(default_factory=list)

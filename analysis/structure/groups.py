@@ -518,7 +518,10 @@ def _fixed_width_probe(graph: tp.DependencyGraph, root: nn.Module) -> tp.depende
     """The group of ``root``'s first channel when it holds a layer of fixed width, else None.
 
     That group is part of the full group, so its fixed-width layer is the unit's reason (see :func:`_describe`)
-    without the full search, which costs seconds per unit on a long residual stream (torchvision Swin-S/B)."""
+    without the full search, which costs seconds per unit on a long residual stream (torchvision Swin-S/B). A
+    graph with a channel flow needs no probe: its groups cost no search."""
+    if isinstance(graph, CoupledGraph) and graph.flow is not None:
+        return None
     if not any(isinstance(pruner, FixedWidthPruner) for pruner in graph.CUSTOMIZED_PRUNERS.values()):
         return None
     probe = removal_group(graph, root, [0])
