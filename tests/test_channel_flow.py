@@ -6,14 +6,15 @@ wrong mapping, a missed coupling or a missing block fails here before it reaches
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from analysis.structure.channel_flow import ChannelFlow, trace_channel_flow
+from analysis.structure.channel_flow import ChannelFlow, UntraceableModel, trace_channel_flow
 from analysis.structure.cuts import PieceSizes, register, unregister
 from analysis.structure.flops import CostModel, count_cost
-from analysis.structure.flow_groups import flow_coupling
+from analysis.structure.flow_groups import CoupledGraph, flow_coupling
 from analysis.structure.groups import build_dependency_graph, find_prunable, removal_group
 from analysis.structure.physical import pruned_copy
 
@@ -323,3 +324,43 @@ def test_a_root_coupled_to_more_of_its_own_channels_loses_them_all() -> None:
     assert smaller.stem.out_channels == 6 and smaller.primary.out_channels == 3
     with torch.inference_mode():
         assert smaller(x).shape == (2, 10)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+def test_a_model_with_a_torchscript_submodule_has_no_flow_and_keeps_torch_pruning_s_groups() -> None:
+    """A scripted submodule's operators never reach the tracer: its layers would be missing from every group, so
+    the model gets no flow at all, and Torch-Pruning (which sees them through autograd) builds the groups."""
+
+    class Scripted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Conv2d(3, 8, 1)
+            self.inner = torch.jit.script(nn.Sequential(nn.Conv2d(8, 8, 1), nn.ReLU()))
+            self.head = nn.Linear(8, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.inner(self.stem(x)).mean(dim=(2, 3)))
+
+    model = Scripted().eval()
+    with pytest.raises(UntraceableModel, match="inner is a TorchScript module"):
+        trace_channel_flow(model, torch.randn(IMAGE))
+    graph = build_dependency_graph(model, torch.randn(IMAGE))
+    assert isinstance(graph, CoupledGraph) and graph.flow is None
+
+
+def test_labels_follow_tensor_attributes_that_move_elements() -> None:
+    """``x.mT`` moves channels like a transpose; ``x.data`` keeps them: a Linear reached through them still reads the
+    conv's channels (were the labels dropped, the Linear would silently leave the group)."""
+
+    class Attributes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 6, 4, stride=4)
+            self.mix = nn.Linear(6, 6)
+            self.head = nn.Linear(6, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            tokens = self.conv(x).flatten(2).mT.data  # (batch, tokens, channels)
+            return self.head(self.mix(tokens).mean(dim=1))
+
+    assert sides(flow_of(Attributes()), "conv", [4]) == {("conv", True): [4], ("mix", False): [4]}

@@ -791,9 +791,9 @@ def test_h_levit_head_structured_layers_carry_the_reason_and_the_rest_remove() -
 
 @pytest.mark.usefixtures("mixer_registered")
 def test_b_stream_units_get_their_reason_without_the_full_group_search(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The full group of a unit on a long residual stream costs seconds (swin_s at 64 px: 42.7 s of CPU time for
-    discovery, 5.1 s without it): a unit whose first channel's group already holds a fixed-width layer gets the
-    reason from that group, and only the other units are searched in full, with the same results."""
+    """Without a channel flow, Torch-Pruning's full group of a unit on a long residual stream costs seconds (swin_s
+    at 64 px: 42.7 s of CPU time for discovery, 5.1 s without it): a unit whose first channel's group already holds
+    a fixed-width layer gets the reason from that group, and only the other units are searched in full."""
     from analysis.structure import groups
 
     searched: list[nn.Module] = []
@@ -805,6 +805,7 @@ def test_b_stream_units_get_their_reason_without_the_full_group_search(monkeypat
 
     model = SwinLike(depth=2).eval()
     monkeypatch.setattr(groups, "full_group", spy)
+    monkeypatch.setattr(groups, "_channel_flow", lambda model, example: None)  # a flow's groups cost no search
     units = {u.module_name: u for u in find_prunable(model, torch.randn(IMAGE))}
     stream = ("embed", "mlps.0.2", "mlps.1.2")
     assert all(units[name].reason == SWIN_ATTENTION_REASON for name in stream)
@@ -886,3 +887,27 @@ def test_f_res2net_without_its_stored_sizes_leaves_the_split_units_out() -> None
     for name in ("block.conv1", "block.convs.0"):  # convs.0's output is added to piece 1
         assert "split in block (_Bottle2neck)" in (units[name].reason or ""), name
     assert units["block.convs.2"].prunable  # its output goes to the concatenation only
+
+
+# ------------------------------------------------------------------------- the real models, as a regression check
+
+REAL_FAMILIES = ["mixnet_s", "res2net50_26w_4s", "cspresnet50", "dpn48b", "rexnet_100", "edgenext_xx_small"]
+
+
+@pytest.mark.filterwarnings("ignore:Maximum recursive depth reached")  # Torch-Pruning's shape inference, not ours
+@pytest.mark.parametrize("name", REAL_FAMILIES)
+def test_timm_models_of_the_families_leave_nothing_out_for_a_library_error(name: str) -> None:
+    """timm's models of families (c), (d) and (f) at 32 px: no unit is left out with a Torch-Pruning error, and a few
+    units spread over the model (the first, the middle, the last prunable one) are removed exactly as masked, or
+    checked on a physical copy where masking differs."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=10).eval()
+    x = torch.randn(2, 3, 32, 32)
+    units = find_prunable(model, x)
+    assert not [u.reason for u in units if u.reason and "Torch-Pruning" in u.reason]
+    prunable = [u for u in units if u.prunable and u.kind == "conv"]
+    checker = MaskCheck(model, build_dependency_graph(model, x), x)
+    for unit in (prunable[0], prunable[len(prunable) // 2], prunable[-1]):
+        check = checker.choose(unit, list(range(0, unit.channels, 3)), None)
+        assert check.mode in ("mask", "physical"), (unit.module_name, check.difference)

@@ -39,6 +39,11 @@ _CONVS = {"conv1d", "conv2d", "conv3d"}
 _LAYERS = {*_CONVS, "linear", "multi_head_attention_forward"}
 _NORM_WEIGHT_ARGUMENT = {"batch_norm": 3, "instance_norm": 3, "group_norm": 2, "layer_norm": 2}
 """Where the functional norms take their weight (``F.batch_norm(input, mean, var, weight, ...)``)."""
+_LAYER_TYPES = (
+    nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm,
+    nn.modules.instancenorm._InstanceNorm, nn.MultiheadAttention,
+)  # fmt: skip
+"""Layers whose parameters the flow reads through the functional call of the layer (conv2d, batch_norm, ...)."""
 _MATMULS = {"matmul", "__matmul__", "__rmatmul__", "bmm", "baddbmm"}
 _NORMS = {"batch_norm", "instance_norm", "group_norm", "layer_norm"}
 _ELEMENTWISE_UNARY = {
@@ -49,7 +54,7 @@ _ELEMENTWISE_UNARY = {
     "sqrt", "rsqrt", "square", "erf", "clamp", "clamp_", "clamp_min", "clamp_max", "__neg__", "pow", "__pow__",
     "log", "sign", "sin", "cos", "reciprocal", "gelu_", "requires_grad_", "cpu", "cuda", "masked_fill",
     "masked_fill_", "nan_to_num", "logit", "softsign", "tanhshrink", "hardshrink", "softshrink", "threshold", "celu",
-    "rrelu", "glu_", "exp_", "mul_scalar",
+    "rrelu", "exp_", "mul_scalar",
 }  # fmt: skip
 _ELEMENTWISE_BINARY = {
     "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "__add__", "__iadd__", "__radd__", "__sub__",
@@ -209,6 +214,7 @@ class ChannelFlow:
     cuts: list[Cut] = field(default_factory=list)
     sets: _UnionFind = field(default_factory=_UnionFind)
     _by_set: _Index | None = None
+    _couplings: dict[tuple[str, tuple[int, ...]], Coupling] = field(default_factory=dict)
 
     def group_of(self, label: int) -> int:
         """The representative of the coupled set ``label`` belongs to."""
@@ -216,11 +222,11 @@ class ChannelFlow:
 
     def has_output(self, layer: str) -> bool:
         """True when ``layer`` produced channels of its own in the traced forward pass."""
-        return any(use.layer == layer and not use.passes for use in self.uses)
+        return layer in self._index().producers
 
     def produced(self, layer: str) -> tuple[int, ...]:
         """The labels of ``layer``'s output channels (its first call)."""
-        return next(use.produced for use in self.uses if use.layer == layer)
+        return self._index().produced[layer]
 
     def _sets(self, labels: Iterable[int]) -> set[int]:
         return {self.group_of(label) for label in labels if label >= 0}
@@ -250,7 +256,14 @@ class ChannelFlow:
         return pieces == [tuple(self.kept(piece, removed)) for piece in cut.pieces]
 
     def members(self, layer: str, channels: Sequence[int]) -> Coupling:
-        """Everything that removing ``channels`` of ``layer``'s outputs removes with them."""
+        """Everything that removing ``channels`` of ``layer``'s outputs removes with them (kept: discovery, the
+        reasons and every removal ask for the same units again)."""
+        key = (layer, tuple(sorted(int(c) for c in channels)))
+        if key not in self._couplings:
+            self._couplings[key] = self._members(layer, key[1])
+        return self._couplings[key]
+
+    def _members(self, layer: str, channels: Sequence[int]) -> Coupling:
         index = self._index()
         produced = self.produced(layer)
         wanted = {self.group_of(produced[c]) for c in channels}
@@ -275,6 +288,10 @@ class ChannelFlow:
         if self._by_set is not None:
             return self._by_set
         index = _Index()
+        for use in self.uses:
+            index.produced.setdefault(use.layer, use.produced)
+            if not use.passes:
+                index.producers.add(use.layer)
         for order, use in enumerate(self.uses):
             for out, labels in ((True, use.produced), (False, use.consumed)):
                 if out or not use.passes:
@@ -294,17 +311,32 @@ class ChannelFlow:
 
 @dataclass
 class _Index:
-    """:class:`ChannelFlow`'s lookups by coupled set: layer sides ``(call order, layer, out, index, set)``,
-    parameter elements ``(name, flat index)``, blocking operators, and the cuts with the sets they cut."""
+    """:class:`ChannelFlow`'s lookups: by coupled set, the layer sides ``(call order, layer, out, index, set)``,
+    parameter elements ``(name, flat index)`` and blocking operators; by layer, its first output labels (and which
+    layers produce channels of their own); and the cuts with the sets they cut."""
 
     layers: dict[int, list[tuple[int, str, bool, int, int]]] = field(default_factory=dict)
+    produced: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    producers: set[str] = field(default_factory=set)
     parameters: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
     blocked: dict[int, set[str]] = field(default_factory=dict)
     cuts: list[tuple[Cut, set[int]]] = field(default_factory=list)
 
 
+class UntraceableModel(Exception):
+    """The model computes somewhere the label tracer cannot see (a TorchScript submodule)."""
+
+
 def trace_channel_flow(model: nn.Module, example_input: torch.Tensor) -> ChannelFlow:
-    """Run ``model`` once on ``example_input`` (no gradients) and return its channel flow."""
+    """Run ``model`` once on ``example_input`` (no gradients) and return its channel flow.
+
+    Raises:
+        UntraceableModel: For a model with a TorchScript submodule, whose operators never reach the tracer (its
+            labels would silently stop there, and the groups would miss its layers).
+    """
+    scripted = [name for name, module in model.named_modules() if isinstance(module, torch.jit.ScriptModule)]
+    if scripted:
+        raise UntraceableModel(f"{scripted[0] or type(model).__name__} is a TorchScript module")
     flow = ChannelFlow()
     tracer = _LabelTracer(model, flow)
     names = {module: name for name, module in model.named_modules()}
@@ -341,17 +373,16 @@ class _LabelTracer(TorchFunctionMode):
         self.model_name = type(model).__name__
         self.owners: dict[str, int] = {}
         self.layer_of: dict[int, str] = {}
+        self.layer_parameters: set[int] = set()
         self.param_name: dict[int, str] = {}
         for name, module in model.named_modules():
             weight = getattr(module, "weight", None)
-            if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)) and isinstance(weight, torch.Tensor):
-                self.layer_of[id(weight)] = name
-            elif isinstance(module, nn.MultiheadAttention) and module.in_proj_weight is not None:
-                self.layer_of[id(module.in_proj_weight)] = name
-            elif isinstance(weight, torch.Tensor) and isinstance(
-                module, (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm, nn.InstanceNorm2d)
-            ):
-                self.layer_of[id(weight)] = name
+            if isinstance(module, nn.MultiheadAttention) and module.in_proj_weight is not None:
+                weight = module.in_proj_weight
+            elif not isinstance(module, _LAYER_TYPES) or not isinstance(weight, torch.Tensor):
+                continue
+            self.layer_of[id(weight)] = name
+            self.layer_parameters.update(id(param) for param in module.parameters())
         for name, param in model.named_parameters():
             self.param_name.setdefault(id(param), name)
 
@@ -363,6 +394,9 @@ class _LabelTracer(TorchFunctionMode):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
         name = getattr(func, "__name__", "")
+        if name == "__get__" and isinstance(result, torch.Tensor) and self._labelled(args, kwargs):
+            self._attribute(getattr(getattr(func, "__self__", None), "__name__", ""), args[0], result)
+            return result
         if name in _IGNORED or not (name in _LAYERS or self._labelled(args, kwargs)):
             return result
         try:
@@ -399,6 +433,23 @@ class _LabelTracer(TorchFunctionMode):
         else:
             raise _Blocked(f"the operator {name}")
 
+    def _attribute(self, name: str, tensor: torch.Tensor, result: torch.Tensor) -> None:
+        """A tensor attribute of a labelled tensor (``x.T``, ``x.mT``, ``x.data``): the labels follow it, or are
+        blocked for any other attribute (``x.grad``)."""
+        moves: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+            "T": lambda labels: labels.permute(*reversed(range(labels.dim()))),
+            "H": lambda labels: labels.permute(*reversed(range(labels.dim()))),
+            "mT": lambda labels: labels.transpose(-2, -1),
+            "mH": lambda labels: labels.transpose(-2, -1),
+            "data": lambda labels: labels,
+            "real": lambda labels: labels,
+        }
+        labels = self.label_of(tensor)
+        if name in moves and moves[name](labels).shape == result.shape:
+            self._set(result, moves[name](labels))
+        else:
+            self.block(labels, f"the attribute {name or '?'}")
+
     # ---------------------------------------------------------------------------------------------- labels
 
     def _labelled(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -406,7 +457,12 @@ class _LabelTracer(TorchFunctionMode):
         return [t for t in _tensors((args, kwargs)) if t in self.labels or self._is_bare(t)]
 
     def _is_bare(self, tensor: torch.Tensor) -> bool:
-        return isinstance(tensor, nn.Parameter) and id(tensor) in self.param_name and id(tensor) not in self.layer_of
+        """True for a parameter of the model that no layer the flow knows owns (a class token, a layer scale)."""
+        return (
+            isinstance(tensor, nn.Parameter)
+            and id(tensor) in self.param_name
+            and id(tensor) not in self.layer_parameters
+        )
 
     def label_of(self, tensor: torch.Tensor) -> torch.Tensor:
         """The labels of ``tensor``: its own, a bare parameter's (made on first use), else ``NO_LABEL``."""

@@ -30,7 +30,7 @@ from analysis.config import UNIT_KINDS
 from analysis.errors import ConfigError, ModelError, did_you_mean
 from analysis.inputs.device import is_out_of_memory
 from analysis.structure._time_limit import TimeLimitReached, time_limit
-from analysis.structure.channel_flow import ChannelFlow, trace_channel_flow
+from analysis.structure.channel_flow import ChannelFlow, UntraceableModel, trace_channel_flow
 from analysis.structure.custom_layers import FixedWidthPruner, channel_pruner, customized_pruners, fixed_width_pruner
 from analysis.structure.cuts import cut_problem
 from analysis.structure.flow_groups import CoupledGraph, choose_group
@@ -184,6 +184,9 @@ def _channel_flow(model: nn.Module, example: torch.Tensor) -> ChannelFlow | None
     flags = [(module, module.training) for module in model.modules()]
     try:
         return trace_channel_flow(model, example)
+    except UntraceableModel as error:
+        logger.info("No channel flow for %s (%s); using Torch-Pruning's groups alone", type(model).__name__, error)
+        return None
     except Exception as error:
         if is_out_of_memory(error):
             raise
@@ -515,7 +518,10 @@ def _fixed_width_probe(graph: tp.DependencyGraph, root: nn.Module) -> tp.depende
     """The group of ``root``'s first channel when it holds a layer of fixed width, else None.
 
     That group is part of the full group, so its fixed-width layer is the unit's reason (see :func:`_describe`)
-    without the full search, which costs seconds per unit on a long residual stream (torchvision Swin-S/B)."""
+    without the full search, which costs seconds per unit on a long residual stream (torchvision Swin-S/B). A
+    graph with a channel flow needs no probe: its groups cost no search."""
+    if isinstance(graph, CoupledGraph) and graph.flow is not None:
+        return None
     if not any(isinstance(pruner, FixedWidthPruner) for pruner in graph.CUSTOMIZED_PRUNERS.values()):
         return None
     probe = removal_group(graph, root, [0])
