@@ -215,8 +215,10 @@ def test_an_int_split_cuts_right_only_for_channels_of_its_last_piece() -> None:
     assert flow.cuts_right(cut, {flow.group_of(produced[6])})  # split(4) of 7 channels: [4, 3], right
     assert not flow.cuts_right(cut, {flow.group_of(produced[1])})  # [4, 3] again, but the first piece lost one
     units = {u.module_name: u for u in find_prunable(Halves().eval(), torch.randn(IMAGE))}
-    assert units["expand"].reason and "split in the model" not in units["expand"].reason
-    assert "cut the pruned, narrower tensor in the wrong place" in units["expand"].reason
+    assert units["expand"].reason == (
+        "its channels pass split in the model's own forward (Halves), which would cut the pruned, narrower tensor "
+        "in the wrong place"
+    )
     assert units["inner"].prunable
 
 
@@ -364,3 +366,29 @@ def test_labels_follow_tensor_attributes_that_move_elements() -> None:
             return self.head(self.mix(tokens).mean(dim=1))
 
     assert sides(flow_of(Attributes()), "conv", [4]) == {("conv", True): [4], ("mix", False): [4]}
+
+
+class Chunked(nn.Module):
+    """``chunk(2)`` of 8 channels, the second half through its own conv: removing one channel of the second half
+    cuts right (chunk sizes [4, 3]), removing two does not ([3, 3])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Conv2d(3, 4, 1)
+        self.second = nn.Conv2d(3, 4, 1)
+        self.inner = nn.Conv2d(4, 4, 1)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = torch.cat([self.first(x), self.second(x)], dim=1).chunk(2, dim=1)
+        return self.head(torch.cat([a, self.inner(b)], dim=1).mean(dim=(2, 3)))
+
+
+def test_a_cut_right_for_one_channel_but_wrong_for_more_leaves_the_unit_out() -> None:
+    flow = flow_of(Chunked())
+    produced = flow.produced("second")
+    (cut,) = flow.members("second", [1]).cuts
+    assert flow.cuts_right(cut, {flow.group_of(produced[1])})
+    assert not flow.cuts_right(cut, {flow.group_of(produced[1]), flow.group_of(produced[2])})
+    units = {u.module_name: u for u in find_prunable(Chunked().eval(), torch.randn(IMAGE))}
+    assert "its channels pass chunk in the model's own forward (Chunked)" in (units["second"].reason or "")

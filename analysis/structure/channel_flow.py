@@ -370,7 +370,6 @@ class _LabelTracer(TorchFunctionMode):
         self.labels: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.first_output: dict[str, tuple[int, ...]] = {}
         self.modules: list[str] = []
-        self.model_name = type(model).__name__
         self.owners: dict[str, int] = {}
         self.layer_of: dict[int, str] = {}
         self.layer_parameters: set[int] = set()
@@ -648,7 +647,7 @@ class _LabelTracer(TorchFunctionMode):
         rest, options = list(args[1:]), dict(kwargs)
         module = self.modules[-1] if self.modules else ""
         self.flow.cuts.append(Cut(
-            f"{name} in {module or self.model_name}", module, dim, along, parts,
+            f"{name} in {module}" if module else f"{name} in the model's own forward", module, dim, along, parts,
             lambda tensor: func(tensor, *rest, **options), source.dim(), name,
         ))  # fmt: skip
 

@@ -87,17 +87,21 @@ def cut_problem(graph: CoupledGraph, root: nn.Module, channels: int) -> str | No
     """Why removing channels of ``root`` would make the model's own code cut a narrower tensor wrongly, or None.
 
     Each cut the unit's channels pass must either have stored sizes that follow it, or cut right when any one of
-    the unit's channels is gone."""
+    the unit's channels is gone, and when all but its first or all but its last are (the most a ratio removes).
+    The cuts a model makes from sizes (``split(n)``, ``chunk(k)``, slices at a bound) depend on how many channels
+    each piece loses: right for one and for the most, they are right in between (``chunk(2)`` of 16 channels cuts
+    right after one removal from its second half, and wrong after two, which the second check finds)."""
     coupling = flow_coupling(graph, root, range(channels))
     flow = graph.flow
     if coupling is None or flow is None:
         return None
-    produced = flow.produced(graph.names[root])
+    sets = [flow.group_of(label) for label in flow.produced(graph.names[root])]
+    removals = [{group} for group in sets] + [set(sets[1:]), set(sets[:-1])]
     for cut in coupling.cuts:
         module = _module(graph.model, cut.module)
         if stored_sizes(module, cut) is not None:
             continue
-        if all(flow.cuts_right(cut, {flow.group_of(produced[c])}) for c in range(channels)):
+        if all(flow.cuts_right(cut, removed) for removed in removals):
             continue
         return (
             f"its channels pass {cut.where} ({type(module).__name__}), which would cut the pruned, narrower tensor "
