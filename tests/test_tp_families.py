@@ -28,6 +28,7 @@ from torch import nn
 from analysis import analysis_prune
 from analysis.engine._modes import MaskCheck
 from analysis.structure.custom_layers import (
+    MAXVIT_ATTENTION_REASON,
     SWIN_ATTENTION_REASON,
     FixedWidthPruner,
     LayerScalePruner,
@@ -911,3 +912,23 @@ def test_timm_models_of_the_families_leave_nothing_out_for_a_library_error(name:
     for unit in (prunable[0], prunable[len(prunable) // 2], prunable[-1]):
         check = checker.choose(unit, list(range(0, unit.channels, 3)), None)
         assert check.mode in ("mask", "physical"), (unit.module_name, check.difference)
+
+
+def test_b_torchvision_maxvit_stream_carries_the_reason_and_the_rest_remove() -> None:
+    """torchvision MaxViT (found by the coverage sweep: its stream units failed on physical copies with "shape
+    [..] is invalid"): its attention reshapes the heads' output to its input's width, like Swin's, so the stream
+    units carry that reason, and the other prunable units (a sample) are removed physically."""
+    torch.manual_seed(0)
+    model = torchvision.models.MaxVit(input_size=(32, 32), stem_channels=8, partition_size=2, block_channels=[16, 32],
+                                      block_layers=[1, 1], head_dim=8, stochastic_depth_prob=0.0,
+                                      num_classes=10).eval()  # fmt: skip
+    x = torch.randn(2, 3, 32, 32)
+    units = find_prunable(model, x)
+    stream = sorted(u.module_name for u in units if u.reason == MAXVIT_ATTENTION_REASON)
+    assert "blocks.0.layers.0.layers.window_attention.mlp_layer.3" in stream and len(stream) == 8, stream
+    prunable = [u for u in units if u.prunable]
+    assert len(prunable) == 13
+    for unit in prunable[::4]:
+        copy_ = pruned_copy(model, unit.module_name, list(range(0, unit.channels, 3)), x)
+        with torch.inference_mode():
+            assert copy_(x).shape == (2, 10), unit.module_name

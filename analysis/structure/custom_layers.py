@@ -139,6 +139,13 @@ SWIN_ATTENTION_REASON = (
 """torchvision's ``ShiftedWindowAttention`` reshapes ``qkv`` to ``(..., 3, num_heads, C // num_heads)`` with ``C``
 the width of its input (swin_transformer.py:180): neither stream channels nor heads can be removed alone."""
 
+MAXVIT_ATTENTION_REASON = (
+    "the attention reshapes its heads' output to the width of its input, the residual stream "
+    "(torchvision MaxViT RelativePositionalMultiHeadAttention)"
+)
+"""torchvision's MaxViT attention computes ``out.reshape(B, G, P, D)`` with ``D`` the width of its input
+(maxvit.py:206): the stream's channels cannot be removed without changing its heads."""
+
 Pruner = ChannelPruner | FixedWidthPruner
 """A customised pruner of the registry."""
 
@@ -148,6 +155,9 @@ OPTIONAL: dict[tuple[str, str], Pruner] = {
     ("timm.models.metaformer", "Scale"): LayerScalePruner(),
     (_SWIN, "ShiftedWindowAttention"): FixedWidthPruner(SWIN_ATTENTION_REASON, "qkv"),
     (_SWIN, "ShiftedWindowAttentionV2"): FixedWidthPruner(SWIN_ATTENTION_REASON, "qkv"),
+    ("torchvision.models.maxvit", "RelativePositionalMultiHeadAttention"): FixedWidthPruner(
+        MAXVIT_ATTENTION_REASON, "to_qkv"
+    ),
 }
 """Classes of optional packages, by ``(module, class name)``: used once that module is imported."""
 
