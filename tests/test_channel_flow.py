@@ -392,3 +392,24 @@ def test_a_cut_right_for_one_channel_but_wrong_for_more_leaves_the_unit_out() ->
     assert not flow.cuts_right(cut, {flow.group_of(produced[1]), flow.group_of(produced[2])})
     units = {u.module_name: u for u in find_prunable(Chunked().eval(), torch.randn(IMAGE))}
     assert "its channels pass chunk in the model's own forward (Chunked)" in (units["second"].reason or "")
+
+
+def test_a_shared_parameter_first_in_a_product_does_not_hide_the_channels() -> None:
+    """``self.scale * x + self.bias`` with scalar parameters (timm HGNetV2's LearnableAffineBlock): the result keeps
+    the conv's channels, so its consumer stays in the group (the 2026-11-26 sweep found hgnetv2_b0's stem units
+    failing on physical copies, their consumers missing from the group)."""
+
+    class Affine(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 1)
+            self.scale = nn.Parameter(torch.tensor([1.5]))
+            self.bias = nn.Parameter(torch.tensor([0.1]))
+            self.next = nn.Conv2d(8, 8, 1)
+            self.head = nn.Linear(8, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.scale * self.conv(x) + self.bias
+            return self.head(self.next(x).mean(dim=(2, 3)))
+
+    assert sides(flow_of(Affine()), "conv", [3]) == {("conv", True): [3], ("next", False): [3]}

@@ -566,8 +566,10 @@ class _LabelTracer(TorchFunctionMode):
     def _elementwise(self, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
         if not isinstance(out, torch.Tensor):
             raise _Blocked("an element-wise operator without a tensor result")
-        operands = [self.label_of(t) for t in _tensors((args, kwargs)) if t.dtype != torch.bool]
-        self._set(out, self._meet([torch.broadcast_to(labels, out.shape) for labels in operands], out.shape))
+        tensors = [t for t in _tensors((args, kwargs)) if t.dtype != torch.bool]
+        tensors.sort(key=self._is_bare)  # a bare parameter's labels last: the result carries the layers' channels
+        operands = [torch.broadcast_to(self.label_of(t), out.shape) for t in tensors]
+        self._set(out, self._meet(operands, out.shape))
 
     def _meet(self, operands: Sequence[torch.Tensor], shape: torch.Size) -> torch.Tensor:
         """Couple the labels that meet at each position and return one label per position."""
