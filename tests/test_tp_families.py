@@ -892,7 +892,9 @@ def test_f_res2net_without_its_stored_sizes_leaves_the_split_units_out() -> None
 
 # ------------------------------------------------------------------------- the real models, as a regression check
 
-REAL_FAMILIES = ["mixnet_s", "res2net50_26w_4s", "cspresnet50", "dpn48b", "rexnet_100", "edgenext_xx_small", "hgnetv2_b0"]
+REAL_FAMILIES = [
+    "mixnet_s", "res2net50_26w_4s", "cspresnet50", "dpn48b", "rexnet_100", "edgenext_xx_small", "hgnetv2_b0",
+]  # fmt: skip
 
 
 @pytest.mark.filterwarnings("ignore:Maximum recursive depth reached")  # Torch-Pruning's shape inference, not ours
