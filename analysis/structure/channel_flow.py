@@ -189,14 +189,6 @@ class Coupling:
     blocked: list[str] = field(default_factory=list)
     cuts: list[Cut] = field(default_factory=list)
 
-    def sides(self) -> list[tuple[str, Side]]:
-        """Every layer side, in forward order."""
-        return self.layers
-
-    def indices(self, layer: str, out: bool) -> list[int]:
-        """The indices ``layer`` loses on one side (empty when it loses none)."""
-        return sorted(i for name, side in self.layers if name == layer and side.out == out for i, _ in side.labels)
-
 
 @dataclass
 class ChannelFlow:

@@ -91,7 +91,7 @@ def _entries(graph: CoupledGraph, root: nn.Module, channels: Sequence[int], coup
     for channel in channels:
         root_of.setdefault(flow.group_of(produced[channel]), int(channel))
     entries = [_Entry(root, True, tuple((int(c), int(c)) for c in sorted(channels)))]  # first, as Torch-Pruning's
-    for layer, side in coupling.sides():  # the root's own side too: its channels may be coupled to more of its own
+    for layer, side in coupling.layers:  # the root's own side too: its channels may be coupled to more of its own
         target = _owner(graph, model.get_submodule(layer))
         entries.append(_Entry(target, side.out, tuple((i, root_of[group]) for i, group in side.labels)))
     for name, flat in coupling.parameters.items():
@@ -106,7 +106,7 @@ def _entries(graph: CoupledGraph, root: nn.Module, channels: Sequence[int], coup
             entries.append(_Entry(owner, True, pairs))
         else:
             entries.append(_Entry(param, True, pairs))
-            _parameter_node(graph, param, name).pruning_dim = dim
+            _node(graph, param).pruning_dim = dim
     return entries
 
 
@@ -146,20 +146,21 @@ def _parameter_indices(
     return None
 
 
-def _parameter_node(graph: CoupledGraph, param: nn.Parameter, name: str) -> Any:
-    node = graph.module2node.get(param)
+def _node(graph: CoupledGraph, target: Any) -> Any:
+    """``target``'s node in ``graph``, added when Torch-Pruning made none (a parameter it did not see as unwrapped)."""
+    node = graph.module2node.get(target)
     if node is None:
-        node = tp.dependency.Node(param, None, name)
-        graph.module2node[param] = node
+        node = tp.dependency.Node(target, None, graph.names.get(target))
+        graph.module2node[target] = node
     return node
 
 
-def _per_channel(target: Any, graph: CoupledGraph | None = None) -> bool:
+def _per_channel(target: Any, graph: CoupledGraph) -> bool:
     """True for layers whose input and output channels are the same channels (norms, depthwise convs, customised
     layers whose pruner removes both sides at once)."""
     if isinstance(target, _CONVS):
         return bool(target.groups == target.in_channels == target.out_channels and target.groups > 1)
-    if graph is not None and (pruner := channel_pruner(graph, target)) is not None:
+    if (pruner := channel_pruner(graph, target)) is not None:
         return bool(pruner.prune_in_channels == pruner.prune_out_channels)
     return isinstance(target, (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm, nn.PReLU))
 
@@ -172,14 +173,11 @@ def _as_group(graph: CoupledGraph, root: nn.Module, entries: Sequence[_Entry]) -
     trigger = _function(graph, root, out=True)
     root_node = graph.module2node[root]
     group = tp.dependency.Group()
-    for entry in _merged(graph, entries):
-        node = graph.module2node.get(entry.target)
-        if node is None:
-            node = tp.dependency.Node(entry.target, None, graph.names.get(entry.target))
-            graph.module2node[entry.target] = node
-        handler = _function(graph, entry.target, out=entry.out or _per_channel(entry.target, graph))
+    for entry in _merged(graph, entries):  # a per-channel layer's entry is already an output side
+        handler = _function(graph, entry.target, out=entry.out)
         item = tp._helpers.GroupItem(
-            tp.dependency.Dependency(trigger, handler, root_node, node), [i for i, _ in entry.pairs]
+            tp.dependency.Dependency(trigger, handler, root_node, _node(graph, entry.target)),
+            [i for i, _ in entry.pairs],
         )
         item.root_idxs = [r for _, r in entry.pairs]
         group._group.append(item)

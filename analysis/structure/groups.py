@@ -159,10 +159,7 @@ def build_dependency_graph(model: nn.Module, example_input: torch.Tensor) -> tp.
     graph.flow = _channel_flow(model, example)
     with all_parameters_require_grad(model), torch.enable_grad():
         try:
-            built: tp.DependencyGraph = graph.build_dependency(
-                model, example_inputs=example, verbose=False, customized_pruners=customized_pruners()
-            )
-            return built
+            return _trace(model, example, graph)
         except Exception as error:  # Torch-Pruning fails on some graphs (torchvision ShuffleNetV2, Swin-S/B)
             if not _raised_in_torch_pruning(error) or is_out_of_memory(error):
                 raise  # the model's own forward, or the machine
@@ -181,7 +178,6 @@ def build_dependency_graph(model: nn.Module, example_input: torch.Tensor) -> tp.
 def _channel_flow(model: nn.Module, example: torch.Tensor) -> ChannelFlow | None:
     """The model's channel flow, or None (logged) when a forward pass under the label tracer fails: Torch-Pruning's
     groups are then used as they are."""
-    flags = [(module, module.training) for module in model.modules()]
     try:
         return trace_channel_flow(model, example)
     except UntraceableModel as error:
@@ -193,15 +189,16 @@ def _channel_flow(model: nn.Module, example: torch.Tensor) -> ChannelFlow | None
         logger.warning("The channel flow of %s could not be traced (%s: %s); using Torch-Pruning's groups alone",
                        type(model).__name__, type(error).__name__, error)  # fmt: skip
         return None
-    finally:
-        _restore_training_flags(flags)
 
 
-def _trace(model: nn.Module, example: torch.Tensor) -> tp.DependencyGraph:
-    """Torch-Pruning's graph of ``model`` with the package's customised pruners (it raises where it cannot trace)."""
-    return tp.DependencyGraph().build_dependency(
+def _trace(model: nn.Module, example: torch.Tensor, into: tp.DependencyGraph | None = None) -> tp.DependencyGraph:
+    """Torch-Pruning's graph of ``model`` with the package's customised pruners, built into ``into`` or a new graph
+    (it raises where it cannot trace)."""
+    graph = into if into is not None else tp.DependencyGraph()
+    built: tp.DependencyGraph = graph.build_dependency(
         model, example_inputs=example, verbose=False, customized_pruners=customized_pruners()
     )
+    return built
 
 
 def _trace_or_none(model: nn.Module, example: torch.Tensor) -> tp.DependencyGraph | None:
