@@ -13,7 +13,7 @@ import math
 import re
 import textwrap
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,79 +78,346 @@ GLOBAL_ALIASES = {"crop_size": "img_size"}
 CHANNEL_PRUNE_DEFAULTS = ("prune_params_name", "criterion")
 
 
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    factory: Callable[[], Any] | None = None,
+    doc: str,
+    shown_default: str | None = None,
+) -> Any:
+    """A dataclass field that carries its user documentation, so the docs' configuration reference is generated from
+    the schema (:mod:`analysis.config_reference`) and cannot drift from it.
+
+    Args:
+        default: The default value (immutable); ``factory`` instead for a list or a mapping.
+        factory: Builds the default on every instantiation (``dataclasses.field``'s ``default_factory``).
+        doc: What the key means, as Markdown for the reference table (required: a key without one fails the docs
+            build and a test).
+        shown_default: The default as the reference shows it when the literal default says less (``None`` worked
+            out at run time, a model's own preprocessing); else the literal default is shown in YAML spelling.
+
+    Ruff's RUF009 cannot tell that this wraps ``dataclasses.field`` and flags it on fields of a mutable type: those
+    carry ``# noqa: RUF009``.
+    """
+    metadata = {"doc": doc, "shown_default": shown_default}
+    if factory is None:
+        return field(default=default, metadata=metadata)
+    if default is not dataclasses.MISSING:
+        raise TypeError("setting() takes a default or a factory, not both")
+    return field(default_factory=factory, metadata=metadata)
+
+
 @dataclass
 class GlobalConfig:
     """The ``Global`` block: where the model and the evaluation data come from and how images are prepared."""
 
-    model_dir: str | None = None
-    model_filename: str | None = None
-    params_filename: str | None = None
-    arch: str | None = None
-    arch_kwargs: dict[str, Any] = field(default_factory=dict)
-    weights: str | None = None
-    trust_model_file: bool = False
-    data_dir: str | None = None
-    val_list: str = "val_list.txt"
-    batch_size: int = 32
-    img_size: int = 224
-    resize_size: int = 256
-    interpolation: str = "bilinear"
-    mean: list[float] = field(default_factory=lambda: list(IMAGENET_MEAN))
-    std: list[float] = field(default_factory=lambda: list(IMAGENET_STD))
-    num_workers: int | None = None
-    data_cache: str = "auto"
-    cache_max_gb: float | None = None
-    device: str = "auto"
-    numerics: str = "exact"
-    device_cache_share: float = 0.5
-    max_samples: int | None = None
-    seed: int = 0
-    calib_list: str | None = None
-    calib_samples: int = 1024
-    calib_resize_size: int | None = None
-    calib_img_size: int | None = None
-    max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
-    labels: str = "required"
+    model_dir: str | None = setting(
+        None, doc="folder of the checkpoint (or the checkpoint file itself when no filename is given)"
+    )
+    model_filename: str | None = setting(
+        None,
+        doc="with `arch`: the weights file when `params_filename` is absent. Without `arch`: a whole pickled "
+        "`nn.Module` (needs `trust_model_file`)",
+    )
+    params_filename: str | None = setting(
+        None,
+        doc="weights for `arch`: a `state_dict` file in `model_dir`, read with `torch.load(weights_only=True)`",
+    )
+    arch: str | None = setting(
+        None,
+        doc="torchvision model name (`resnet50`, built with `torchvision.models.get_model`), `timm/<model name>` "
+        "(see [Models](../configuration.md#models)), `package.module:callable`, or `path/to/file.py:callable`",
+    )
+    arch_kwargs: dict[str, Any] = setting(  # noqa: RUF009
+        factory=dict, doc="keyword arguments for `arch` (e.g. `num_classes: 10`, `width_mult: 0.5`)"
+    )
+    weights: str | None = setting(
+        None,
+        doc="a torchvision weights name (`ResNet50_Weights.IMAGENET1K_V2`, `DEFAULT`); torchvision downloads it to "
+        "its cache",
+    )
+    trust_model_file: bool = setting(
+        False,
+        doc="allow unpickling a whole `nn.Module` (unpickling can run arbitrary code: only for files you trust)",
+    )
+    data_dir: str | None = setting(
+        None,
+        doc="evaluation data folder (layouts: see [Data](../configuration.md#data))",
+        shown_default="required",
+    )
+    val_list: str = setting(
+        "val_list.txt", doc="list file of the PaddleSlim layout, relative to `data_dir` (or absolute)"
+    )
+    batch_size: int = setting(32, doc="images per batch")
+    img_size: int = setting(
+        224, doc="center-crop size", shown_default="`224`, or the model's own (timm, torchvision `weights`)"
+    )
+    resize_size: int = setting(
+        256,
+        doc="the short side is resized to this before cropping; must be >= `img_size`",
+        shown_default="`256`, or the model's own",
+    )
+    interpolation: str = setting(
+        "bilinear",
+        doc="resize filter: `bilinear` (torchvision), `bicubic` (timm), `lanczos` (PaddleSlim's reader)",
+        shown_default="`bilinear`, or the model's own",
+    )
+    mean: list[float] = setting(  # noqa: RUF009
+        factory=lambda: list(IMAGENET_MEAN),
+        doc="per-channel mean of the normalisation of RGB values in [0, 1], `(value - mean) / std`: three values "
+        "(R, G, B)",
+        shown_default="ImageNet (`[0.485, 0.456, 0.406]`), or the model's own",
+    )
+    std: list[float] = setting(  # noqa: RUF009
+        factory=lambda: list(IMAGENET_STD),
+        doc="per-channel standard deviation of the normalisation of RGB values in [0, 1], `(value - mean) / std`: "
+        "three positive values (R, G, B)",
+        shown_default="ImageNet (`[0.229, 0.224, 0.225]`), or the model's own",
+    )
+    num_workers: int | None = setting(
+        None, doc="image-decoding processes; `0` decodes in the main process", shown_default="cores (max 8)"
+    )
+    data_cache: str = setting(
+        "auto",
+        doc="`auto`: decode every image once into RAM when it fits the budget and the available memory, else stream "
+        "and say so; `ram`: always (exit 2 when the decoded images exceed the available memory); `off`: decode on "
+        "every pass",
+    )
+    cache_max_gb: float | None = setting(
+        None,
+        doc="budget for `data_cache: auto` (N x 3 x img_size^2 bytes: 7.5 GB for ImageNet val at 224)",
+        shown_default="half the free RAM",
+    )
+    device: str = setting(
+        "auto", doc="`auto` (first GPU, else CPU), `cpu`, `cuda`, `cuda:N` (N from 0 to 127, ASCII digits)"
+    )
+    numerics: str = setting(
+        "exact",
+        doc="arithmetic of every forward pass: `exact` (float32, TF32 off, deterministic cuDNN), `tf32` or `bf16` "
+        "(faster on a GPU, losses approximate; see [Running on a GPU](../scale-out.md#running-on-a-gpu))",
+    )
+    device_cache_share: float = setting(
+        0.5,
+        doc="on a GPU, the decoded images live in GPU memory when they take at most this share of the free GPU "
+        "memory, else in pinned host memory; `0`: always host memory",
+    )
+    max_samples: int | None = setting(
+        None, doc="evaluate a fixed, seeded, class-balanced subset of this many images", shown_default="all"
+    )
+    seed: int = setting(
+        0,
+        doc="seed for the subsets and for randomly initialised models (from -2^63 to 2^64-1, what "
+        "`torch.manual_seed` takes)",
+    )
+    calib_list: str | None = setting(
+        None,
+        doc="calibration images for BatchNorm re-estimation (see [Data](../configuration.md#data)): a list file in "
+        "the PaddleSlim layout or a folder of class folders, relative to `data_dir` or absolute",
+        shown_default="`train_list.txt` beside the evaluation list, else `data_dir/train/`",
+    )
+    calib_samples: int = setting(
+        1024,
+        doc="a seeded, class-balanced subset of this many calibration images (all when fewer); `0` turns "
+        "calibration off",
+    )
+    calib_resize_size: int | None = setting(
+        None,
+        doc="preprocessing of the calibration images: the size their short side is resized to, when it should "
+        "differ from `resize_size`",
+        shown_default="the evaluation's `resize_size`",
+    )
+    calib_img_size: int | None = setting(
+        None,
+        doc="preprocessing of the calibration images: their center-crop size, when it should differ from `img_size`",
+        shown_default="the evaluation's `img_size`",
+    )
+    max_image_pixels: int | None = setting(
+        DEFAULT_MAX_IMAGE_PIXELS,
+        doc="an image with more pixels (width x height, read from its header before decoding) is an error naming "
+        "it and its list line: a guard against decompression bombs. Raise it for genuine huge images; `null` "
+        "removes the limit. It changes no pixel, so it is not part of the data fingerprint (a run resumes under "
+        "another limit)",
+        shown_default=f"`{DEFAULT_MAX_IMAGE_PIXELS}` (Pillow's own refusal threshold)",
+    )
+    labels: str = setting(
+        "required",
+        doc="`required`: every list line ends with an integer label; `none`: lines may be a path alone and every "
+        "label (listed, or an ImageFolder class) is ignored, so `SensitivityAnalysis.metric` must be `agreement` "
+        "or `kl` and `verify`/`plan_method: measured` are refused; `max_samples` then takes a seeded random subset",
+    )
 
 
 @dataclass
 class SensitivityConfig:
     """The ``SensitivityAnalysis`` block: what to prune, at which ratios, and how to score it."""
 
-    analysis_file: str | None = None
-    pruned_ratios: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4])
-    target_loss: float | None = None
-    criterion: str = "l1_norm"
-    prune_params_name: list[str] | None = None
-    skip_params: list[str] = field(default_factory=list)
-    metric: str = "top1"
-    metric_mode: str = "relative"
-    group_reduction: str = "self"
-    engine: str = "fast"
-    precision: float | int | str | None = None
-    decision_error: float = 0.05
-    decision_precision: float | None = None
-    granularity: str = "filter"
-    units: list[str] | None = None
-    early_stop_mode: str | None = None
-    early_stop_value: float | None = None
-    adaptive_bn: bool = False
-    round_to: int = 1
-    target_macs_reduction: float | None = None
-    target_params_reduction: float | None = None
-    target_latency_reduction: float | None = None
-    target_latency_ms: float | None = None
-    latency_runtime: str = "auto"
-    latency_table: str = "model"
-    latency_batch: int = 1
-    runtime_command: str | None = None
-    runtime_pattern: str | None = None
-    plan_method: str = "knapsack"
-    eval_budget: int | None = None
-    verify: bool = False
-    export_dir: str | None = None
-    export_onnx: bool = True
-    report: bool = True
+    analysis_file: str | None = setting(
+        None,
+        doc="the analysis pickle to write and resume from",
+        shown_default="`outputs/<config name>/sensitivity.pkl`",
+    )
+    pruned_ratios: list[float] = setting(  # noqa: RUF009
+        factory=lambda: [0.1, 0.2, 0.3, 0.4],
+        doc="fractions of filters to remove, each strictly between 0 and 1 also after rounding to the 6 decimals "
+        "they are stored with (1e-6 to 0.999999; sorted, deduplicated)",
+    )
+    target_loss: float | None = setting(
+        None, doc="derive, per layer, the largest ratio whose relative loss stays under this (0.01 = 1%)"
+    )
+    criterion: str = setting("l1_norm", doc="filter ranking: `l1_norm`, `l2_norm`, `geometry_median`, `bn_scale`")
+    prune_params_name: list[str] | None = setting(  # noqa: RUF009
+        None,
+        doc="units to analyse, by PyTorch parameter name (`layer1.0.conv1.weight`; module names work too) or "
+        "`<attention module>.heads`",
+        shown_default="all prunable",
+    )
+    skip_params: list[str] = setting(factory=list, doc="units to leave out")  # noqa: RUF009
+    metric: str = setting(
+        "top1",
+        doc="what the loss is measured on: `top1`, `top5`, `ce` (cross-entropy, lower is better), or, needing no "
+        "labels, `agreement` (fraction of images whose top-1 class is the unpruned model's; loss `1 - agreement` "
+        "in both modes) or `kl` (mean KL(p_dense || p_pruned) in nats; the loss is the divergence itself in both "
+        "modes, since the unpruned model's is 0). See [Label-free sensitivity](../concepts.md#label-free-sensitivity)",
+    )
+    metric_mode: str = setting(
+        "relative",
+        doc="`relative`: `(baseline - metric) / baseline` (PaddleSlim); `absolute`: `baseline - metric`",
+    )
+    group_reduction: str = setting(
+        "self",
+        doc="rank a conv's filters on its own weight (`self`, PaddleSlim) or averaged over its coupled group "
+        "(`mean`; coupled params then share one evaluation)",
+    )
+    engine: str = setting(
+        "fast",
+        doc="`fast`: the unchanged part of the network runs once per batch, only the part a removal changes runs "
+        "per ratio (identical numbers); `reference`: one full pass per variant",
+    )
+    precision: float | int | str | None = setting(
+        None,
+        doc="adaptive precision (fast engine): evaluate each variant on a seeded random order of the images and stop "
+        "once its loss is known within +-precision (95%); `decision`: decision-driven sampling (needs "
+        "`target_loss`, see [Decision-driven sampling](../engines.md#decision-driven-sampling)); exact when unset",
+    )
+    decision_error: float = setting(
+        0.05,
+        doc="with `precision: decision`: the chance that any variant of the run is settled on the wrong side of "
+        "`target_loss` (split over every variant and look, Bonferroni); any value in (0, 1), down to the smallest "
+        "float (5e-324)",
+    )
+    decision_precision: float | None = setting(
+        None,
+        doc="with `precision: decision`: also stop a variant once its loss is known within +-this (95%), including "
+        "the two the derived ratio interpolates between (then the derived ratio is approximate)",
+    )
+    granularity: str = setting(
+        "filter",
+        doc="`filter`: remove conv filters with their coupled group (what the rest of these docs describe); "
+        "`element`: zero the `min(N - 1, round(N * r))` smallest-magnitude elements of one 2D/4D weight at a time "
+        "(every conv and linear layer, the classifier included; Distiller's `--sense=element`); the ratios file "
+        "then holds an `ElementPrune` block",
+    )
+    units: list[str] | None = setting(  # noqa: RUF009
+        None,
+        doc="kinds of unit analysed: `conv` (filters), `linear` (neurons), `heads` (attention heads), see "
+        "[Units](../concepts.md#units-conv-filters-linear-neurons-attention-heads); `prune_params_name` may name "
+        "only units of these kinds",
+        shown_default="all the model has",
+    )
+    early_stop_mode: str | None = setting(
+        None,
+        doc="NNI's early stop per param, on the raw `metric` value: `minimize` (stop when metric < value), "
+        "`maximize` (> value), `dropped` (< baseline - value), `raised` (> baseline + value); the ratio that trips "
+        "it is recorded, the param's larger ratios are skipped (also on resume; the table shows `stop`). The work "
+        "is skipped too: with early stop the fast engine runs ratio by ratio (one pass over the data per ratio, "
+        "serving every param still running). Demo MobileNetV2, ratios 0.1-0.9, `dropped` 0.05: 192 of 315 "
+        "variants evaluated, 26.7 s against 36.2 s without early stop (wall, 2-core CPU)",
+    )
+    early_stop_value: float | None = setting(
+        None,
+        doc="the threshold or allowed change for `early_stop_mode` (required with it), in the metric's units (top1 "
+        "0.05 = 5 points)",
+    )
+    adaptive_bn: bool = setting(
+        False,
+        doc="before each variant is evaluated, re-estimate the BatchNorm statistics its removal changes on the "
+        "calibration images (EagleEye's adaptive BN; both engines, same numbers). Part of the resume fingerprint; "
+        "the report says so and the CSV metric columns are suffixed `_adaptive_bn`",
+    )
+    round_to: int = setting(
+        1,
+        doc="every removal keeps a multiple of this many channels in its group (at least that many; with a grouped "
+        "conv in the group a multiple of the least common multiple with its conv groups), in the analysis and in "
+        "plans: a ratio maps to the allowed count whose kept channels are nearest to `C - min(C - 1, round(C * r))` "
+        "(ties keep more). For hardware that runs some channel multiples faster than others",
+    )
+    target_macs_reduction: float | None = setting(
+        None,
+        doc="after the analysis, plan per-layer ratios removing at least this fraction of the MACs (see "
+        "[Budget plans](../plans.md)), between 1e-6 and 1; `<analysis_file>.plan.yaml`",
+    )
+    target_params_reduction: float | None = setting(
+        None,
+        doc="the same for the parameter count; budgets given together (MACs, params, one latency target) are all met",
+    )
+    target_latency_reduction: float | None = setting(
+        None,
+        doc="plan for this fraction less latency, measured on `latency_runtime` (see "
+        "[Planning for latency](../latency.md))",
+    )
+    target_latency_ms: float | None = setting(
+        None, doc="plan for this measured latency in ms (an absolute goal instead of a fraction)"
+    )
+    latency_runtime: str = setting(
+        "auto",
+        doc="where latency is measured: `torch` (eager on the analysis device), `onnxruntime` (CPU provider, CUDA's "
+        "on a GPU), `command` (`runtime_command`); `auto` is `onnxruntime` with the onnx extra, else `torch`",
+    )
+    latency_table: str = setting(
+        "model",
+        doc="how the latency table is measured: `model` (the whole model once per group and channel count), "
+        "`layers` (each conv/linear layer shape a probe changes, timed alone once; faster, blind to the other "
+        "layers)",
+    )
+    latency_batch: int = setting(1, doc="images per call when latency is measured")
+    runtime_command: str | None = setting(
+        None,
+        doc="with `latency_runtime: command`: a command given `{onnx}` (and `{batch}`, `{shape}`) that prints the "
+        "latency in ms (its last number)",
+    )
+    runtime_pattern: str | None = setting(
+        None,
+        doc="a regular expression with one group that picks the latency from the command's output instead",
+    )
+    plan_method: str = setting(
+        "knapsack",
+        doc="`knapsack`: the smallest summed single-layer loss; `measured`: start there and improve with joint "
+        "evaluations (all groups pruned at once, BatchNorm re-estimated), see [Budget plans](../plans.md)",
+    )
+    eval_budget: int | None = setting(
+        None,
+        doc="joint evaluations of the `measured` method's search (its finalists are measured once more with every "
+        "calibration image)",
+        shown_default="10 per group",
+    )
+    verify: bool = setting(
+        False,
+        doc="prune the plan (or, without a budget, the `target_loss` ratios) into a copy at once and measure "
+        "accuracy (raw and with BatchNorm re-estimated), MACs, params, checkpoint size and latency",
+    )
+    export_dir: str | None = setting(
+        None,
+        doc="write the pruned model there (`pruned_model.pt`, `pruned_state_dict.pt`, `pruned_channels.json`, "
+        "`channel_prune.yaml`), with re-estimated BatchNorm statistics when calibration images exist",
+    )
+    export_onnx: bool = setting(
+        True,
+        doc="with `export_dir` and the onnx extra, also write `pruned_model.onnx`, checked against PyTorch with "
+        "ONNX Runtime",
+    )
+    report: bool = setting(
+        True, doc="write the CSV exports, plots and HTML report beside the analysis file after the run"
+    )
 
 
 @dataclass
