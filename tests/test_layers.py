@@ -13,7 +13,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "analysis"
 
 LAYERS = (
-    ("errors", "text", "progress", "metrics", "ratio", "early_stop", "config"),
+    ("errors", "text", "progress", "metrics", "ratio", "early_stop", "config", "config_reference"),
     ("io",),
     ("inputs",),
     ("structure",),
