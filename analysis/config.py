@@ -96,8 +96,8 @@ def setting(
         shown_default: The default as the reference shows it when the literal default says less (``None`` worked
             out at run time, a model's own preprocessing); else the literal default is shown in YAML spelling.
 
-    Ruff's RUF009 cannot tell that this wraps ``dataclasses.field`` and flags it on fields of a mutable type: those
-    carry ``# noqa: RUF009``.
+    Ruff is told that this wraps ``dataclasses.field`` (``extend-immutable-calls`` in pyproject.toml), so its RUF009
+    does not flag the fields of a mutable type.
     """
     metadata = {"doc": doc, "shown_default": shown_default}
     if factory is None:
@@ -128,7 +128,7 @@ class GlobalConfig:
         doc="torchvision model name (`resnet50`, built with `torchvision.models.get_model`), `timm/<model name>` "
         "(see [Models](../configuration.md#models)), `package.module:callable`, or `path/to/file.py:callable`",
     )
-    arch_kwargs: dict[str, Any] = setting(  # noqa: RUF009
+    arch_kwargs: dict[str, Any] = setting(
         factory=dict, doc="keyword arguments for `arch` (e.g. `num_classes: 10`, `width_mult: 0.5`)"
     )
     weights: str | None = setting(
@@ -162,13 +162,13 @@ class GlobalConfig:
         doc="resize filter: `bilinear` (torchvision), `bicubic` (timm), `lanczos` (PaddleSlim's reader)",
         shown_default="`bilinear`, or the model's own",
     )
-    mean: list[float] = setting(  # noqa: RUF009
+    mean: list[float] = setting(
         factory=lambda: list(IMAGENET_MEAN),
         doc="per-channel mean of the normalisation of RGB values in [0, 1], `(value - mean) / std`: three values "
         "(R, G, B)",
         shown_default="ImageNet (`[0.485, 0.456, 0.406]`), or the model's own",
     )
-    std: list[float] = setting(  # noqa: RUF009
+    std: list[float] = setting(
         factory=lambda: list(IMAGENET_STD),
         doc="per-channel standard deviation of the normalisation of RGB values in [0, 1], `(value - mean) / std`: "
         "three positive values (R, G, B)",
@@ -256,7 +256,7 @@ class SensitivityConfig:
         doc="the analysis pickle to write and resume from",
         shown_default="`outputs/<config name>/sensitivity.pkl`",
     )
-    pruned_ratios: list[float] = setting(  # noqa: RUF009
+    pruned_ratios: list[float] = setting(
         factory=lambda: [0.1, 0.2, 0.3, 0.4],
         doc="fractions of filters to remove, each strictly between 0 and 1 also after rounding to the 6 decimals "
         "they are stored with (1e-6 to 0.999999; sorted, deduplicated)",
@@ -265,13 +265,13 @@ class SensitivityConfig:
         None, doc="derive, per layer, the largest ratio whose relative loss stays under this (0.01 = 1%)"
     )
     criterion: str = setting("l1_norm", doc="filter ranking: `l1_norm`, `l2_norm`, `geometry_median`, `bn_scale`")
-    prune_params_name: list[str] | None = setting(  # noqa: RUF009
+    prune_params_name: list[str] | None = setting(
         None,
         doc="units to analyse, by PyTorch parameter name (`layer1.0.conv1.weight`; module names work too) or "
         "`<attention module>.heads`",
         shown_default="all prunable",
     )
-    skip_params: list[str] = setting(factory=list, doc="units to leave out")  # noqa: RUF009
+    skip_params: list[str] = setting(factory=list, doc="units to leave out")
     metric: str = setting(
         "top1",
         doc="what the loss is measured on: `top1`, `top5`, `ce` (cross-entropy, lower is better), or, needing no "
@@ -317,7 +317,7 @@ class SensitivityConfig:
         "(every conv and linear layer, the classifier included; Distiller's `--sense=element`); the ratios file "
         "then holds an `ElementPrune` block",
     )
-    units: list[str] | None = setting(  # noqa: RUF009
+    units: list[str] | None = setting(
         None,
         doc="kinds of unit analysed: `conv` (filters), `linear` (neurons), `heads` (attention heads), see "
         "[Units](../concepts.md#units-conv-filters-linear-neurons-attention-heads); `prune_params_name` may name "

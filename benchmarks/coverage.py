@@ -777,7 +777,8 @@ def print_table(records: Sequence[dict[str, Any]], reasons: bool = True) -> None
 
 
 def summary_rows(records: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    """The README's coverage summary, torchvision and timm side by side: one ``(what, torchvision, timm)`` per row."""
+    """The coverage summary of docs/benchmarks.md, torchvision and timm side by side: one ``(what, torchvision,
+    timm)`` per row."""
     columns = []
     for source in ("torchvision", "timm"):
         mine = [r for r in records if r.get("source") == source]
@@ -852,7 +853,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--print-only", action="store_true", help="print the table of --out and exit")
     parser.add_argument("--no-reasons", action="store_true", help="print the table without the reasons")
-    parser.add_argument("--summary", action="store_true", help="also print the summary table of the README")
+    parser.add_argument("--summary", action="store_true", help="also print the summary table of docs/benchmarks.md")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--record", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

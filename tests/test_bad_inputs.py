@@ -600,7 +600,7 @@ def test_report_of_a_pickle_without_sidecar_writes_what_the_pickle_supports(
     assert not (analysis_file.parent / "s.wide.csv").exists()
 
 
-# ---- the README's promises, against an existing analysis file --------------------------------------------------------
+# ---- the documentation's promises, against an existing analysis file -------------------------------------------------
 
 
 @dataclass(frozen=True)

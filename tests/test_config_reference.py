@@ -106,7 +106,7 @@ class Toy:
 
     described: int = setting(1, doc="has one")
     bare: int = 2
-    blank: list[str] = setting(factory=list, doc="  ")  # noqa: RUF009
+    blank: list[str] = setting(factory=list, doc="  ")
 
 
 def test_a_key_without_a_description_fails_the_generator_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,5 @@
 """The package's layers point one way: a module imports only from its own layer and the layers below it, never another
-subpackage's private (``_``) module, and the module-level imports form no cycle (README, Development)."""
+subpackage's private (``_``) module, and the module-level imports form no cycle (docs/design.md, Layout)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def layer_of(module: str) -> int:
     for index, row in enumerate(LAYERS):
         if parts[1] in row:
             return index
-    raise AssertionError(f"{module} is in no layer: add its subpackage to LAYERS (and to the README)")
+    raise AssertionError(f"{module} is in no layer: add its subpackage to LAYERS (and to docs/design.md, Layout)")
 
 
 def unit_of(module: str) -> str:

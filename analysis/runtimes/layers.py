@@ -5,7 +5,7 @@ is still measured once. Every layer timing is saved to the table's file as it fi
 without measuring it again.
 
 Each measurement is smaller than a whole-model probe but there are more of them (the build times of both kinds are
-in README "Planning for latency"). It sees only the conv/linear layers: what the runtime saves around them
+in docs/latency.md). It sees only the conv/linear layers: what the runtime saves around them
 (activations, adds, pooling, fusion) is not in the savings, and the plan's end-to-end measurement rescales the model
 for it.
 """
