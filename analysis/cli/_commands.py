@@ -1,11 +1,12 @@
 """The subcommands: ``run.py report`` (CSV, plots and HTML of an existing analysis file, nothing evaluated),
-``run.py merge`` (merge analysis files of one analysis, e.g. shards) and ``run.py deps`` (channel dependency sets).
+``run.py merge`` (merge analysis files of one analysis, e.g. shards) and ``run.py deps`` (channel dependency sets):
+their parsers and the functions that run them on the parsed arguments (registered in :mod:`analysis.cli.registry`).
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
-from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -68,9 +69,8 @@ def build_deps_parser() -> CommandParser:
     return parser
 
 
-def report_main(argv: Sequence[str]) -> int:
+def report_main(args: argparse.Namespace) -> int:
     """``run.py report``: regenerate the CSV, plots and HTML of an existing analysis file."""
-    args = build_report_parser().parse(argv)
     setup_logging(args.quiet)
     record = load_record(args.analysis_file)
     check_target_loss(args.target_loss, "--target_loss")
@@ -82,9 +82,8 @@ def report_main(argv: Sequence[str]) -> int:
     return EXIT_OK
 
 
-def merge_main(argv: Sequence[str]) -> int:
+def merge_main(args: argparse.Namespace) -> int:
     """``run.py merge``: merge analysis files of one analysis into one."""
-    args = build_merge_parser().parse(argv)
     setup_logging()
     check_output_file(args.output, "OUTPUT")
     with exclusive(args.output):  # an input may be the output itself: read under its lock
@@ -95,9 +94,8 @@ def merge_main(argv: Sequence[str]) -> int:
     return EXIT_OK
 
 
-def deps_main(argv: Sequence[str]) -> int:
+def deps_main(args: argparse.Namespace) -> int:
     """``run.py deps``: print and export the channel dependency sets and the units that cannot be pruned."""
-    args = build_deps_parser().parse(argv)
     setup_logging()
     config = load_config(args.config_path, args.overrides)
     assert config.SensitivityAnalysis.analysis_file is not None
@@ -115,10 +113,3 @@ def deps_main(argv: Sequence[str]) -> int:
         print(f"not prunable: {name}: {reason}")
     print(f"{len(sets)} dependency set(s) over {sum(map(len, sets))} conv(s); CSV: {output}")
     return EXIT_OK
-
-
-SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
-    "report": report_main,
-    "deps": deps_main,
-    "merge": merge_main,
-}

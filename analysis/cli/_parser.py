@@ -1,10 +1,12 @@
 """The argument parser every command uses: argparse's errors become the one-sentence :class:`ConfigError` of exit
-code 2, and dotted overrides may stand anywhere among the flags."""
+code 2, dotted overrides may stand anywhere among the flags, and a help text keeps the lines of its description and
+epilog."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -13,9 +15,25 @@ from analysis.errors import ConfigError
 OVERRIDES_METAVAR = "Section.key=value"
 
 
+class LineHelpFormatter(argparse.HelpFormatter):
+    """Wraps each line of a description or epilog on its own, keeping its indent: a list keeps its lines, and a long
+    paragraph is still wrapped to the terminal (argparse's own formatter joins lines, its raw one wraps nothing)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines = []
+        for line in text.splitlines():
+            words = line.lstrip()
+            lead = indent + line[: len(line) - len(words)]
+            lines.append(textwrap.fill(words, width, initial_indent=lead, subsequent_indent=lead) if words else "")
+        return "\n".join(lines)
+
+
 class CommandParser(argparse.ArgumentParser):
     """An :class:`argparse.ArgumentParser` whose errors are a :class:`ConfigError` (the usage is printed above it),
     so a bad argument ends like every other bad input: ``error: <one sentence>``, exit code 2."""
+
+    def __init__(self, prog: str, description: str, epilog: str | None = None) -> None:
+        super().__init__(prog=prog, description=description, epilog=epilog, formatter_class=LineHelpFormatter)
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)

@@ -1,10 +1,10 @@
-"""``run.py plan`` and ``run.py verify``: argument parsing; the work is :mod:`analysis.workflow.plan`."""
+"""``run.py plan`` and ``run.py verify`` (registered in :mod:`analysis.cli.registry`): their parsers, and the
+functions that run them on the parsed arguments; the work is :mod:`analysis.workflow.plan`."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
 from pathlib import Path
 
 from analysis.cli._exit import EXIT_OK
@@ -94,9 +94,8 @@ def _add_common(parser: CommandParser, verify_flag: bool = True) -> None:
 BUDGET_KEYS = ("target_macs_reduction", "target_params_reduction", "target_latency_reduction", "target_latency_ms")
 
 
-def plan_main(argv: Sequence[str]) -> int:
+def plan_main(args: argparse.Namespace) -> int:
     """``run.py plan``: budget plan from the config's analysis file (analysing first if it is missing)."""
-    args = build_plan_parser().parse(argv)
     setup_logging(args.quiet)
     flags = {
         "SensitivityAnalysis.target_macs_reduction": args.target_macs_reduction,
@@ -137,9 +136,8 @@ def plan_main(argv: Sequence[str]) -> int:
     return _finish(config, inputs, args, progress)
 
 
-def verify_main(argv: Sequence[str]) -> int:
+def verify_main(args: argparse.Namespace) -> int:
     """``run.py verify``: apply a ratios YAML jointly and measure the pruned model."""
-    args = build_verify_parser().parse(argv)
     setup_logging(args.quiet)
     if args.export_dir is not None:
         check_output_folder(args.export_dir, "--export_dir")
@@ -176,6 +174,3 @@ def _finish(config: Config, inputs: Inputs, args: argparse.Namespace, progress: 
         )
         print(f"report: {written[-1]}")
     return EXIT_OK
-
-
-PLAN_COMMANDS = {"plan": plan_main, "verify": verify_main}
