@@ -1,7 +1,6 @@
 """The command-line reference of the docs site (docs/reference/cli.md), rendered from the parsers of
-:mod:`analysis.cli.registry`, so that it lists every argument the commands accept::
-
-    python -m analysis.cli.reference > docs/reference/cli.md
+:mod:`analysis.cli.registry` while the docs site builds (the hook docs/hooks/generated.py), so that it lists every
+argument the commands accept; ``python -m analysis.cli.reference`` prints it.
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ USAGE_WIDTH = 100  # a fixed width, so the page does not depend on the terminal 
 
 HEADER = """# Command-line reference
 
-Every command of `run.py`, generated from its argument parser by `python -m analysis.cli.reference`
-(edit the parsers in `analysis/cli`, not this page). `python run.py <command> --help` prints the same in a terminal."""
+Every command of `run.py`, generated from its argument parser while this site builds (edit the parsers in
+`analysis/cli`, not this page). `python run.py <command> --help` prints the same in a terminal."""
 
 
 class _ReferenceFormatter(LineHelpFormatter):
