@@ -1,8 +1,9 @@
 """Run the command examples marked to run in README.md and docs/: a line ``<!-- ci:NAME -->`` right above a fenced
 ``bash`` or ``python`` block. ``test`` and ``demo`` are left out (.ci/run runs them first, to build the venv).
 
-Usage: ``python .ci/examples.py [--list]``, from the repository root. Bash blocks run with ``bash -euo pipefail``,
-Python blocks with ``.venv/bin/python``; the first failure stops the run with its exit code.
+Usage, from the repository root: ``python .ci/examples.py`` runs them (bash blocks with ``bash -euo pipefail``,
+Python blocks with ``.venv/bin/python``; the first failure stops the run with its exit code), ``--list`` lists them,
+and ``--print NAME`` prints the README's block NAME (how .ci/run reads ``test`` and ``demo``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ def examples(root: Path) -> list[Example]:
             language = fence.removeprefix("```").strip()
             if not fence.startswith("```") or language not in INTERPRETERS:
                 sys.exit(f"{path}:{number + 1}: marker ci:{match[1]} is not followed by a ```bash or ```python block")
-            end = next(i for i in range(number + 2, len(lines)) if lines[i].startswith("```"))
+            end = next((i for i in range(number + 2, len(lines)) if lines[i].startswith("```")), None)
+            if end is None:
+                sys.exit(f"{path}:{number + 1}: the block of marker ci:{match[1]} is never closed with ```")
             code = "\n".join(lines[number + 2 : end])
             found.append(Example(match[1], path.relative_to(root), number + 1, language, code))
     return found
@@ -51,6 +54,13 @@ def examples(root: Path) -> list[Example]:
 
 def main() -> int:
     root = Path.cwd()
+    if "--print" in sys.argv:
+        name = sys.argv[sys.argv.index("--print") + 1]
+        block = [example for example in examples(root) if example.name == name and example.path == Path("README.md")]
+        if not block:
+            sys.exit(f"README.md has no <!-- ci:{name} --> command block")
+        print(block[0].code)
+        return 0
     chosen = [example for example in examples(root) if example.name not in RUN_BY_CI_FIRST]
     for example in chosen:
         if "--list" in sys.argv:

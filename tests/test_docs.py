@@ -94,3 +94,18 @@ def test_a_marker_without_a_block_is_refused(tmp_path: Path) -> None:
     (tmp_path / "README.md").write_text("<!-- ci:broken -->\ntext, not a fenced block\n")
     with pytest.raises(SystemExit, match="ci:broken"):
         _examples_script().examples(tmp_path)
+
+
+def test_a_block_never_closed_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("<!-- ci:open -->\n```bash\necho never closed\n")
+    with pytest.raises(SystemExit, match="ci:open is never closed"):
+        _examples_script().examples(tmp_path)
+
+
+def test_ci_reads_the_readme_commands_through_the_same_parser() -> None:
+    # .ci/run takes the test and demo commands from `.ci/examples.py --print NAME`: what the test above checks is run
+    printed = subprocess.run(["python3", ".ci/examples.py", "--print", "test"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+    assert printed.strip() == next(e.code for e in _examples_script().examples(ROOT) if e.name == "test").strip()
+    assert 'python3 .ci/examples.py --print "$1"' in (ROOT / ".ci" / "run").read_text()
