@@ -22,10 +22,12 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from analysis.command_template import CommandTemplate, compile_pattern
 from analysis.early_stop import EARLY_STOP_MODES, early_stop_from
-from analysis.errors import ConfigError, did_you_mean, first_line
+from analysis.errors import ConfigError, did_you_mean, first_line, printable
 from analysis.metrics import LABEL_FREE_METRICS, METRIC_NAMES
 from analysis.ratio import RATIO_DECIMALS, normalise_ratio, ratio_problem
+from analysis.trust import CODE_SETTINGS, arch_refusal, arch_target_problem, check_file_settings
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +140,15 @@ class GlobalConfig:
     )
     trust_model_file: bool = setting(
         False,
-        doc="allow unpickling a whole `nn.Module` (unpickling can run arbitrary code: only for files you trust)",
+        doc="allow unpickling a whole `nn.Module` (unpickling can run arbitrary code: only for files you trust); "
+        "honoured from the command line (`Global.trust_model_file=true`) or with `--trust_config`, never from a "
+        "config file alone (see [Security](../security.md))",
+    )
+    trust_arch: bool = setting(
+        False,
+        doc="let `Global.arch` call any callable; without it a `module:callable` or `file.py:callable` must be a "
+        "`torch.nn.Module` subclass or a function annotated to return one, outside the standard library; honoured "
+        "from the command line or with `--trust_config` only (see [Security](../security.md))",
     )
     data_dir: str | None = setting(
         None,
@@ -430,6 +440,8 @@ class Config:
     ignored_blocks: list[str] = field(default_factory=list)
     # "Section.key" of every key the YAML, an override or a flag set: those win over a model's own preprocessing
     explicit_keys: list[str] = field(default_factory=list, compare=False)  # bookkeeping, not configuration
+    # "Section.key" of the keys an override or a flag set: the user's own choices, not the file's
+    command_line_keys: list[str] = field(default_factory=list, compare=False)
 
 
 SECTIONS: dict[str, type] = {"Global": GlobalConfig, "SensitivityAnalysis": SensitivityConfig}
@@ -439,6 +451,8 @@ def load_config(
     path: str | Path,
     overrides: Sequence[str] = (),
     flags: Mapping[str, Any] | None = None,
+    *,
+    trust_config: bool = False,
 ) -> Config:
     """Load a YAML config and apply overrides.
 
@@ -447,12 +461,15 @@ def load_config(
         overrides: Dotted ``Section.key=value`` strings; values are parsed as YAML.
         flags: Values from dedicated CLI flags as ``{"Section.key": value}``; ``None`` values are skipped.
             Precedence: flags > overrides > YAML > defaults.
+        trust_config: Let the file turn on the settings that run code (``runtime_command``, ``trust_model_file``,
+            ``trust_arch``; see :mod:`analysis.trust`); without it only ``overrides`` and ``flags`` may.
 
     Raises:
-        ConfigError: For any unreadable file, unknown key, wrong type or out-of-range value.
+        ConfigError: For any unreadable file, unknown key, wrong type or out-of-range value, or a setting that runs
+            code given by the file alone.
     """
     path = Path(path)
-    return config_from_data(_read_yaml(path), path, overrides, flags)
+    return config_from_data(_read_yaml(path), path, overrides, flags, trust_config=trust_config)
 
 
 def config_from_data(
@@ -460,13 +477,20 @@ def config_from_data(
     path: str | Path,
     overrides: Sequence[str] = (),
     flags: Mapping[str, Any] | None = None,
+    *,
+    trust_config: bool = False,
 ) -> Config:
     """Like :func:`load_config`, from an already parsed mapping (e.g. the resolved config an analysis file's sidecar
-    keeps); ``path`` names where it came from in messages and gives the default analysis file's folder."""
+    keeps, which is a file like any other); ``path`` names where it came from in messages and gives the default
+    analysis file's folder."""
     path = Path(path)
     sections, ignored = _split_blocks(raw, path)
     dotted = _parse_overrides(overrides)
-    layers = (sections, dotted, _flags_to_nested(flags or {}))
+    nested_flags = _flags_to_nested(flags or {})
+    command_line = {f"{section}.{key}" for layer in (dotted, nested_flags) for section, block in layer.items()
+                    for key in block}  # fmt: skip
+    _latency_form_from_command_line(sections, command_line)
+    layers = (sections, dotted, nested_flags)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), *layers)
         config = OmegaConf.to_object(merged)
@@ -483,10 +507,36 @@ def config_from_data(
     config.ignored_blocks = ignored
     config.explicit_keys = sorted({f"{section}.{key}" for layer in layers for section, block in layer.items()
                                    for key in block})  # fmt: skip
+    config.command_line_keys = sorted(command_line)
+    resolved = {setting.key: _value(config, setting.key) for setting in CODE_SETTINGS}
+    check_file_settings(resolved, command_line, str(path), trust_config)  # before anything else is looked at
     if config.SensitivityAnalysis.analysis_file is None:
         config.SensitivityAnalysis.analysis_file = str(Path("outputs") / path.stem / "sensitivity.pkl")
     validate(config)
     return config
+
+
+def _value(config: Config, dotted: str) -> Any:
+    """The value of ``Section.key`` in ``config``."""
+    section, key = dotted.split(".", 1)
+    return getattr(getattr(config, section), key)
+
+
+LATENCY_FORMS = ("target_latency_reduction", "target_latency_ms")
+"""The two ways to give a latency budget; one at a time."""
+
+
+def _latency_form_from_command_line(sections: dict[str, Any], command_line: set[str]) -> None:
+    """A latency budget given on the command line replaces the file's other form (docs/latency.md), instead of the
+    two being refused as both set; both forms on the command line are still refused by validation."""
+    given = [form for form in LATENCY_FORMS if f"SensitivityAnalysis.{form}" in command_line]
+    block = sections.get("SensitivityAnalysis", {})
+    if len(given) != 1:
+        return
+    other = next(form for form in LATENCY_FORMS if form != given[0])
+    if block.get(other) is not None:
+        logger.info("SensitivityAnalysis.%s of the config is left out: the command line gives %s.", other, given[0])
+        block.pop(other)
 
 
 def validate(config: Config) -> None:
@@ -499,6 +549,7 @@ def validate(config: Config) -> None:
             "Global has no model: set Global.arch (a torchvision name or module:callable) and optionally "
             "Global.model_dir/params_filename for its weights."
         )
+    check_arch_text(g)
     for key in ("batch_size", "img_size", "resize_size"):
         if getattr(g, key) < 1:
             raise ConfigError(f"Global.{key} must be a positive integer, got {getattr(g, key)}.")
@@ -554,6 +605,16 @@ def validate(config: Config) -> None:
         )
     validate_budget(s)
     validate_label_free(g, s)
+
+
+def check_arch_text(g: GlobalConfig) -> None:
+    """Refuse a ``Global.arch`` callable that :func:`~analysis.trust.arch_target_problem` refuses by its text, before
+    anything is imported (``trust_arch`` lifts the rule)."""
+    if not g.arch or ":" not in g.arch or g.trust_arch or g.arch.startswith("timm/"):
+        return
+    problem = arch_target_problem(g.arch)
+    if problem is not None:
+        raise ConfigError(arch_refusal(g.arch, problem))
 
 
 def validate_section(
@@ -669,6 +730,65 @@ def validate_latency(s: SensitivityConfig) -> None:
         )
     if s.latency_batch < 1:
         raise ConfigError(f"SensitivityAnalysis.latency_batch must be a positive batch size, got {s.latency_batch}.")
+    if s.runtime_command is not None:  # checked now, not when the first probe runs after the analysis
+        CommandTemplate.parse(s.runtime_command, "SensitivityAnalysis.runtime_command")
+    if s.runtime_pattern is not None:
+        compile_pattern(s.runtime_pattern, "SensitivityAnalysis.runtime_pattern")
+
+
+LATENCY_FLAGS = {
+    "latency_runtime": "--runtime",
+    "latency_table": "--latency_table",
+    "latency_batch": "--latency_batch",
+    "runtime_command": "--runtime_command",
+    "runtime_pattern": None,
+}
+"""The latency settings, with the ``run.py plan`` flag that gives each (None: an override only)."""
+
+
+def unused_latency_settings(config: Config) -> dict[str, str]:
+    """The latency settings ``config`` sets that nothing would use, with why: the table's kind without a latency
+    target; the runtime and its batch when nothing is timed (no latency target, no ``verify`` timing on a runtime);
+    the command and its pattern on a runtime other than ``command``."""
+    s = config.SensitivityAnalysis
+    target = s.target_latency_reduction is not None or s.target_latency_ms is not None
+    timed = target or (s.verify and runtime_timed_by_verify(config))
+    reasons = {}
+    if not target:
+        reasons["latency_table"] = "a table is measured only for target_latency_reduction or target_latency_ms"
+    if not timed:
+        why = "nothing is timed: there is no latency target, and verify times the plan only on a named runtime"
+        reasons.update(latency_runtime=why, latency_batch=why, runtime_command=why, runtime_pattern=why)
+    elif s.latency_runtime != "command":
+        why = f"it applies only to latency_runtime: command, and the runtime is {s.latency_runtime}"
+        reasons.update(runtime_command=why, runtime_pattern=why)
+    given = set(config.explicit_keys)
+    return {key: why for key, why in reasons.items() if f"SensitivityAnalysis.{key}" in given}
+
+
+def runtime_timed_by_verify(config: Config) -> bool:
+    """Whether ``verify`` times a plan without a latency target on the latency runtime: when the config names one,
+    or a batch for it (``auto`` with no batch given: torch eager is timed at batch 1 and 32 anyway)."""
+    s = config.SensitivityAnalysis
+    return s.latency_runtime != "auto" or "SensitivityAnalysis.latency_batch" in config.explicit_keys
+
+
+def check_latency_settings_used(config: Config) -> None:
+    """Refuse a latency setting the command line gives that nothing would use (a flag silently ignored, found minutes
+    later or never); one the config file gives is only warned about, since a file may keep settings for later runs.
+
+    Call once the command's config is final (``plan`` replaces budgets, ``verify`` turns verification on).
+
+    Raises:
+        ConfigError: Naming the flag or key and why it is unused.
+    """
+    command_line = set(config.command_line_keys)
+    for key, why in unused_latency_settings(config).items():
+        flag = LATENCY_FLAGS[key]
+        named = f"SensitivityAnalysis.{key}" + (f" ({flag})" if flag else "")
+        if f"SensitivityAnalysis.{key}" in command_line:
+            raise ConfigError(f"{named} would be ignored: {why}; leave it out or add what uses it.")
+        logger.warning("%s from %s is ignored: %s.", named, config.source or "the config", why)
 
 
 def check_plan_granularity(s: SensitivityConfig) -> None:
@@ -747,12 +867,6 @@ def check_choice(key: str, value: str, allowed: Sequence[str]) -> None:
     if value not in allowed:
         choices = ", ".join(allowed)
         raise ConfigError(f"{key} must be one of {choices}, got '{printable(value)}'{did_you_mean(value, allowed)}.")
-
-
-def printable(text: object) -> str:
-    """``text`` with every character that is not printable (line breaks, control and format characters) escaped as
-    in a Python literal, so that a message quoting the user's input stays one line."""
-    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(text))
 
 
 def check_granularity(granularity: str, criterion: str, prefix: str = "") -> None:

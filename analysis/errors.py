@@ -71,3 +71,9 @@ def first_line(message: object) -> str:
     if text:
         return text.splitlines()[0]
     return type(message).__name__ if isinstance(message, BaseException) else text
+
+
+def printable(text: object) -> str:
+    """``text`` with every character that is not printable (line breaks, control and format characters) escaped as
+    in a Python literal, so that a message quoting the user's input stays one line."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(text))

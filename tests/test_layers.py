@@ -13,7 +13,18 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "analysis"
 
 LAYERS = (
-    ("errors", "text", "progress", "metrics", "ratio", "early_stop", "config", "config_reference"),
+    (
+        "errors",
+        "text",
+        "progress",
+        "metrics",
+        "ratio",
+        "early_stop",
+        "trust",
+        "command_template",
+        "config",
+        "config_reference",
+    ),
     ("io",),
     ("inputs",),
     ("structure",),

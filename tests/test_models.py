@@ -132,7 +132,9 @@ def test_trusted_pickled_module_loads(tmp_path: Path) -> None:
 
 def test_untrusted_pickled_module_is_refused(tmp_path: Path) -> None:
     torch.save(trained_tiny(), tmp_path / "full.pt")
-    with pytest.raises(ModelError, match=r"full\.pt contains pickled Python objects .*trust_model_file: true"):
+    with pytest.raises(
+        ModelError, match=r"full\.pt contains pickled Python objects .*trust_model_file=true on the command line"
+    ):
         build_model(GlobalConfig(model_dir=str(tmp_path), model_filename="full.pt"))
 
 
@@ -206,7 +208,7 @@ def test_shape_mismatch_names_the_key(tmp_path: Path) -> None:
         ("resnet18", {"num_clases": 3}, r"arch_kwargs do not fit torchvision resnet18"),
         (f"{TINY_MODELS}:tiny_cnn", {"depth": 3}, r"arch_kwargs do not fit .*depth"),
         (f"{TINY_MODELS}:tiny_cn", {}, r"has no attribute 'tiny_cn' \(did you mean 'tiny_cnn'\?\)"),
-        (f"{TINY_MODELS}:not_a_model", {}, r"returned str, not a torch\.nn\.Module"),
+        (f"{TINY_MODELS}:not_a_model", {}, r"return annotation is not a torch\.nn\.Module class"),
         ("nowhere/model.py:net", {}, r"model file nowhere/model\.py does not exist"),
         ("no_such_package_xyz.models:net", {}, r"cannot import module 'no_such_package_xyz\.models'"),
     ],

@@ -133,7 +133,7 @@ def test_a_failing_or_silent_command_is_one_sentence(tmp_path: Path, body: str, 
         ("onnxrt", None, "did you mean 'onnxruntime'"),
         ("command", None, "needs runtime_command"),
         ("command", "trtexec --model=model.onnx", "must pass the model as {onnx}"),
-        ("command", "bench {onnx} {threads}", "must pass the model as {onnx}"),
+        ("command", "bench {onnx} {threads}", "has the placeholder {threads}; only {onnx}, {batch} and {shape}"),
     ],
 )
 def test_bad_runtime_settings_are_refused(name: str, command: str | None, message: str) -> None:

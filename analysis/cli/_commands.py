@@ -65,6 +65,7 @@ def build_deps_parser() -> CommandParser:
     )
     parser.add_argument("--config_path", required=True, help="YAML config; only its model keys are used")
     parser.add_argument("--output", help="CSV to write (default: dependencies.csv next to the analysis file)")
+    parser.add_trust()
     parser.add_overrides()
     return parser
 
@@ -97,7 +98,7 @@ def merge_main(args: argparse.Namespace) -> int:
 def deps_main(args: argparse.Namespace) -> int:
     """``run.py deps``: print and export the channel dependency sets and the units that cannot be pruned."""
     setup_logging()
-    config = load_config(args.config_path, args.overrides)
+    config = load_config(args.config_path, args.overrides, trust_config=args.trust_config)
     assert config.SensitivityAnalysis.analysis_file is not None
     output = Path(args.output or Path(config.SensitivityAnalysis.analysis_file).with_name("dependencies.csv"))
     check_output_file(output, "--output")

@@ -11,7 +11,7 @@ from analysis import __version__
 from analysis.cli._exit import EXIT_OK
 from analysis.cli._logs import setup_logging
 from analysis.cli._parser import CommandParser
-from analysis.config import Config, describe, load_config
+from analysis.config import Config, check_latency_settings_used, describe, load_config
 from analysis.engine.loss import format_metrics
 from analysis.engine.run import AnalysisOutcome
 from analysis.errors import ConfigError
@@ -61,6 +61,7 @@ def build_parser() -> CommandParser:
     parser.add_argument("--quiet", action="store_true", help="only warnings, errors and the results")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_trust()
     parser.add_overrides()
     return parser
 
@@ -103,7 +104,8 @@ def job_main(args: argparse.Namespace) -> int:
         "SensitivityAnalysis.target_loss": args.target_loss,
     }
     shard = ShardSpec.parse(args.shard) if args.shard else None
-    config = load_config(args.config_path, args.overrides, flags)
+    config = load_config(args.config_path, args.overrides, flags, trust_config=args.trust_config)
+    check_latency_settings_used(config)
     check_config_outputs(config)  # before anything loads or is written
     rank = from_environment()
     if rank is not None:

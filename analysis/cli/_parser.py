@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from analysis.errors import ConfigError
+from analysis.trust import TRUST_FLAG
 
 OVERRIDES_METAVAR = "Section.key=value"
 
@@ -38,6 +39,13 @@ class CommandParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         raise ConfigError(f"{self.prog}: {message}; see {self.prog} --help.")
+
+    def add_trust(self) -> None:
+        """``--trust_config``: let the config file turn on the settings that run code (see analysis.trust)."""
+        self.add_argument(
+            TRUST_FLAG, action="store_true", help="let the config file run what it names: runtime_command, "
+            "trust_model_file, trust_arch (without it only the command line may; docs/security.md)",
+        )  # fmt: skip
 
     def add_overrides(self) -> None:
         """The optional dotted overrides (``Global.batch_size=64``), allowed before, between and after the flags."""

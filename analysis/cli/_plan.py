@@ -15,6 +15,7 @@ from analysis.config import (
     LATENCY_TABLES,
     PLAN_METHODS,
     Config,
+    check_latency_settings_used,
     check_plan_granularity,
     config_from_data,
     load_config,
@@ -88,6 +89,7 @@ def _add_common(parser: CommandParser, verify_flag: bool = True) -> None:
     parser.add_argument("--export_dir", help="write pruned_model.pt, pruned_state_dict.pt, pruned_channels.json")
     parser.add_argument("--no_report", action="store_true", help="do not rewrite the report")
     parser.add_argument("--quiet", action="store_true", help="only warnings, errors and results")
+    parser.add_trust()
     parser.add_overrides()
 
 
@@ -113,7 +115,7 @@ def plan_main(args: argparse.Namespace) -> int:
     }
     if args.export_dir is not None:
         check_output_folder(args.export_dir, "--export_dir")
-    config = load_config(args.config_path, args.overrides, flags)
+    config = load_config(args.config_path, args.overrides, flags, trust_config=args.trust_config)
     given = [key for key in BUDGET_KEYS if flags[f"SensitivityAnalysis.{key}"] is not None]
     if given:  # budgets on the command line are the plan's: the config's others do not join them
         for key in BUDGET_KEYS:
@@ -125,6 +127,7 @@ def plan_main(args: argparse.Namespace) -> int:
         raise ConfigError("run.py plan needs a budget: --target_macs_reduction, --target_params_reduction, "
                           "--target_latency_reduction or --target_latency_ms (or the same key in the config's "
                           "SensitivityAnalysis).")  # fmt: skip
+    check_latency_settings_used(config)
     check_config_outputs(config)
     progress = False if args.quiet else None
     inputs = build_inputs(config, progress, calibration=needs_calibration(config))
@@ -144,19 +147,21 @@ def verify_main(args: argparse.Namespace) -> int:
     record = load_record(args.analysis_file)  # read once: the config it records, then every step of the plan
     flags = {"SensitivityAnalysis.analysis_file": args.analysis_file}
     if args.config_path:
-        config = load_config(args.config_path, args.overrides, flags)
+        config = load_config(args.config_path, args.overrides, flags, trust_config=args.trust_config)
     else:
         stored = record.config or ConfigRecord()
         raw = stored.cli_config(**dict.fromkeys(BUDGET_KEYS))
         if raw is None:
             raise ConfigError(f"{args.analysis_file} does not record the config that wrote it (Python API run); "
                               "pass --config_path.")  # fmt: skip
-        config = config_from_data(raw, stored.source or args.analysis_file, args.overrides, flags)
+        config = config_from_data(raw, stored.source or args.analysis_file, args.overrides, flags,
+                                  trust_config=args.trust_config)  # fmt: skip
     # --ratios gives the ratios, so verifying and exporting need no target in the config: set after its validation
     config.SensitivityAnalysis.verify = True
     if args.export_dir is not None:
         config.SensitivityAnalysis.export_dir = args.export_dir
     check_plan_granularity(config.SensitivityAnalysis)
+    check_latency_settings_used(config)
     check_config_outputs(config)
     load_ratios_yaml(args.ratios)  # read before the model and the data load, so a bad file is refused at once
     progress = False if args.quiet else None

@@ -38,8 +38,8 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms.functional import convert_image_dtype
 from torchvision.transforms.v2 import functional as TF
 
-from analysis.config import DEFAULT_MAX_IMAGE_PIXELS, GlobalConfig, printable
-from analysis.errors import ConfigError, DataError
+from analysis.config import DEFAULT_MAX_IMAGE_PIXELS, GlobalConfig
+from analysis.errors import ConfigError, DataError, printable
 from analysis.inputs.placement import Placement, Stager, cache_placement, describe_placement, free_device_bytes, placed
 from analysis.io.fingerprint import json_fingerprint
 from analysis.progress import progress_bar

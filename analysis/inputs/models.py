@@ -5,9 +5,10 @@ Ways to describe a model, in order of preference:
 1. ``arch`` = a torchvision model name (``resnet50``), built with ``torchvision.models.get_model`` and
    ``arch_kwargs``; weights from ``model_dir/params_filename`` (or ``model_filename``), or ``weights`` = a
    torchvision weights name (downloads; never used in tests).
-2. ``arch`` = ``package.module:callable`` or ``path/to/file.py:callable``, called with ``arch_kwargs``.
+2. ``arch`` = ``package.module:callable`` or ``path/to/file.py:callable``, called with ``arch_kwargs``: a model
+   class or a function annotated to return one, unless ``trust_arch`` (:mod:`analysis.trust`).
 3. No ``arch``: ``model_filename`` is a whole pickled ``nn.Module``. Unpickling can run arbitrary code, so it is
-   loaded only with ``trust_model_file: true``.
+   loaded only with ``trust_model_file: true`` (from the command line, :mod:`analysis.trust`).
 
 Checkpoints are read with ``torch.load(weights_only=True)``. TorchScript archives are refused: their graph is
 frozen, so channels cannot be removed from them.
@@ -38,6 +39,7 @@ from analysis.config import GlobalConfig
 from analysis.errors import ModelError, UserCodeError, did_you_mean, first_line
 from analysis.inputs.timm_models import create_timm_model, hub_weights, is_timm_arch, read_safetensors
 from analysis.io.sidecar import RANDOM_WEIGHTS
+from analysis.trust import arch_refusal, arch_target_problem, check_model_factory, is_model_file
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ def build_model(cfg: GlobalConfig) -> nn.Module:
     """Build the model described by ``cfg``, load its weights, and return it in eval mode on the CPU."""
     checkpoint = resolve_checkpoint_path(cfg)
     if cfg.arch:
-        model = create_architecture(cfg.arch, cfg.arch_kwargs, cfg.weights)
+        model = create_architecture(cfg.arch, cfg.arch_kwargs, cfg.weights, trusted=cfg.trust_arch)
         if checkpoint is not None:
             load_weights(model, checkpoint, cfg.arch)
     elif checkpoint is None:
@@ -105,11 +107,21 @@ def resolve_checkpoint_path(cfg: GlobalConfig) -> Path | None:
     return path
 
 
-def create_architecture(arch: str, kwargs: Mapping[str, Any], weights: str | None = None) -> nn.Module:
+def create_architecture(
+    arch: str, kwargs: Mapping[str, Any], weights: str | None = None, *, trusted: bool = False
+) -> nn.Module:
     """Instantiate ``arch`` (torchvision name, ``timm/<name>`` or ``module:callable``) with ``kwargs``.
 
+    Args:
+        arch: The model's name or ``module:callable``.
+        kwargs: Keyword arguments of the model's constructor or function.
+        weights: A torchvision weights name.
+        trusted: Call any callable ``arch`` names (``Global.trust_arch``); else only a model class or a function
+            annotated to return one, outside the standard library (:mod:`analysis.trust`), checked before it runs.
+
     Raises:
-        ModelError: If the name is unknown, the callable cannot be imported, or it does not return a module.
+        ModelError: If the name is unknown or refused, the callable cannot be imported, or it does not return a
+            module.
     """
     if is_timm_arch(arch):
         if weights:
@@ -121,7 +133,7 @@ def create_architecture(arch: str, kwargs: Mapping[str, Any], weights: str | Non
     if ":" in arch:
         if weights:
             raise ModelError("Global.weights only applies to torchvision model names, not to module:callable archs.")
-        factory = _import_callable(arch)
+        factory = _import_callable(arch, trusted)
         label = arch
     else:
         names = torchvision.models.list_models()
@@ -165,12 +177,16 @@ def _torchvision_factory(arch: str, weights: str | None) -> Callable[..., nn.Mod
     return lambda **kwargs: torchvision.models.get_model(arch, weights=resolved, **kwargs)
 
 
-def _import_callable(spec: str) -> Callable[..., Any]:
-    """Resolve ``package.module:attr`` or ``path/to/file.py:attr`` to the object it names."""
+def _import_callable(spec: str, trusted: bool) -> Callable[..., Any]:
+    """Resolve ``package.module:attr`` or ``path/to/file.py:attr`` to the object it names; unless ``trusted``, only
+    what :mod:`analysis.trust` allows is imported and returned."""
     target, _, attr_path = spec.rpartition(":")
     if not target or not attr_path:
         raise ModelError(f"Global.arch '{spec}' must look like 'package.module:callable' or 'file.py:callable'.")
-    if target.endswith(".py") or "/" in target or "\\" in target:
+    problem = None if trusted else arch_target_problem(spec)
+    if problem is not None:
+        raise ModelError(arch_refusal(spec, problem))
+    if is_model_file(target):
         module = _import_file(Path(target))
     else:
         try:
@@ -185,7 +201,7 @@ def _import_callable(spec: str) -> Callable[..., Any]:
         obj = getattr(obj, part)
     if not callable(obj):
         raise ModelError(f"Global.arch: '{spec}' is not callable.")
-    return obj
+    return obj if trusted else check_model_factory(obj, spec)
 
 
 PRIVATE_MODULE_PREFIX = "_arch_"
@@ -280,7 +296,8 @@ def read_checkpoint(path: Path) -> Any:
         if "Weights only load failed" in str(error):
             raise ModelError(
                 f"{path} contains pickled Python objects (e.g. a whole nn.Module), which can run arbitrary code "
-                f"when loaded; {EXPORT_HINT}, or set Global.trust_model_file: true if you trust this file."
+                f"when loaded; {EXPORT_HINT}, or pass Global.trust_model_file=true on the command line if you trust "
+                "this file."
             ) from None
         raise ModelError(f"{path} is not a readable PyTorch checkpoint ({_error_text(error)}).") from None
     except Exception as error:  # any unpickling failure here comes from the file's content, not from our code

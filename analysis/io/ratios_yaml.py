@@ -12,8 +12,8 @@ from typing import Any, Concatenate, ParamSpec
 
 import yaml
 
-from analysis.config import UNHOLDABLE, UniqueKeyLoader, printable, unholdable, yaml_problem
-from analysis.errors import AnalysisFileError, did_you_mean, first_line
+from analysis.config import UNHOLDABLE, UniqueKeyLoader, unholdable, yaml_problem
+from analysis.errors import AnalysisFileError, did_you_mean, first_line, printable
 from analysis.io.atomic import atomic_write_text
 from analysis.ratio import RATIO_DECIMALS, normalise_ratio, ratio_problem
 from analysis.text import explain_target_loss

@@ -8,9 +8,8 @@ runtimes export the model first (:mod:`analysis.runtimes.onnx_export`) into a te
 
 from __future__ import annotations
 
+import math
 import re
-import shlex
-import string
 import subprocess
 import tempfile
 from abc import ABC, abstractmethod
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from analysis.command_template import CommandTemplate, compile_pattern
 from analysis.config import LATENCY_RUNTIMES
 from analysis.errors import ConfigError, UserError, did_you_mean
 from analysis.runtimes.onnx_export import INPUT_NAME, OUTPUT_NAME, export_onnx, require_extra
@@ -29,7 +29,9 @@ from analysis.runtimes.timing import Latency, TimingPlan, time_calls
 RUNTIMES = tuple(name for name in LATENCY_RUNTIMES if name != "auto")
 """The runtimes a latency can be measured on (the config's choices but ``auto``, which picks one of them)."""
 
-NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+NUMBER = re.compile(r"[-+]?(?:(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|\b(?:inf(?:inity)?|nan)\b)", re.IGNORECASE)
+"""A number in a command's output; ``inf`` and ``nan`` are numbers too, so a command printing one is refused rather
+than read as whatever digits it printed before (a shape, a temporary path)."""
 
 COMMAND_TIMEOUT_SECONDS = 1800.0
 
@@ -103,9 +105,11 @@ class OnnxRuntime(Runtime):
 class CommandRuntime(Runtime):
     """A user's command, run once per measurement on the exported ONNX file.
 
-    The template is split like a shell command line (no shell: use ``sh -c '...'`` for pipes) and may use
-    ``{onnx}`` (the file), ``{batch}`` and ``{shape}`` (``1x3x224x224``). The command must exit 0 and print the
-    latency in ms: the last number it prints, or the first group of ``pattern`` (a regular expression) where given.
+    The template (:class:`~analysis.command_template.CommandTemplate`) is split like a shell command line (no shell:
+    use ``sh -c '...'`` for pipes) and may use ``{onnx}`` (the file), ``{batch}`` and ``{shape}`` (``1x3x224x224``),
+    filled in per argument (quoted inside a ``sh -c`` script). The command must exit 0 and print the latency in ms:
+    the last number it prints (``inf`` and ``nan`` count as numbers, and are refused), or the first group of
+    ``pattern`` (a regular expression) where given.
 
     Raises:
         ConfigError: For a template without ``{onnx}``, an unknown placeholder, or a pattern without one group.
@@ -116,31 +120,14 @@ class CommandRuntime(Runtime):
     def __init__(self, template: str, pattern: str | None = None, key: str = "runtime_command") -> None:
         require_extra("The command runtime")
         self.key = key
-        try:
-            fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-        except ValueError as error:
-            raise ConfigError(
-                f"{key} '{template}' is not a valid template ({error}); pass the file as {{onnx}}."
-            ) from None
-        unknown = fields - {"onnx", "batch", "shape"}
-        if unknown or "onnx" not in fields:
-            raise ConfigError(
-                f"{key} must pass the model as {{onnx}} and may use {{batch}} and {{shape}}; got '{template}'."
-            )
+        self.command = CommandTemplate.parse(template, key)
         self.template, self.device = template, f"command: {template}"
-        self.pattern = None
-        if pattern is not None:
-            try:
-                self.pattern = re.compile(pattern)
-            except re.error as error:
-                raise ConfigError(f"runtime_pattern '{pattern}' is not a regular expression ({error}).") from None
-            if self.pattern.groups != 1:
-                raise ConfigError(f"runtime_pattern '{pattern}' must have one group, the latency in ms.")
+        self.pattern = None if pattern is None else compile_pattern(pattern)
 
     def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
         with _exported(model, sample_shape) as path:
             shape = "x".join(str(n) for n in (batch, *sample_shape))
-            command = shlex.split(self.template.format(onnx=path, batch=batch, shape=shape))
+            command = self.command.render({"onnx": str(path), "batch": str(batch), "shape": shape})
             try:
                 done = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_SECONDS)
             except (OSError, subprocess.TimeoutExpired) as error:
@@ -165,10 +152,10 @@ class CommandRuntime(Runtime):
             value = float(text) if text is not None else None
         except ValueError:
             value = None
-        if value is None or not value > 0 or value == float("inf"):
+        if value is None or not (value > 0 and math.isfinite(value)):
             shown = output.strip().splitlines()[-1][:200] if output.strip() else "nothing"
             raise UserError(
-                f"{self.key} '{self.template}' printed no latency (a positive number of ms) as "
+                f"{self.key} '{self.template}' printed no latency (a positive, finite number of ms) as "
                 f"{'the pattern asks' if self.pattern is not None else 'its last number'}; its output ended with: "
                 f"{shown}."
             )

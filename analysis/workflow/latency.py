@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from analysis.config import Config
+from analysis.config import Config, runtime_timed_by_verify
 from analysis.errors import UserError
 from analysis.io.lock import exclusive
 from analysis.io.record import AnalysisRecord
@@ -181,9 +181,9 @@ def _plan(
 
 
 def wants_runtime_latency(config: Config, plan: Plan) -> bool:
-    """Whether ``verify`` also times the plan on the latency runtime: for a latency plan, and whenever
-    ``SensitivityAnalysis.latency_runtime`` names one (torch eager is timed at batch 1 and 32 anyway)."""
-    return plan.latency is not None or config.SensitivityAnalysis.latency_runtime != "auto"
+    """Whether ``verify`` also times the plan on the latency runtime: for a latency plan, and whenever the config
+    names a runtime or a batch for it (:func:`~analysis.config.runtime_timed_by_verify`)."""
+    return plan.latency is not None or runtime_timed_by_verify(config)
 
 
 def runtime_latency(
