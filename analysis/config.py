@@ -479,10 +479,12 @@ def config_from_data(
     flags: Mapping[str, Any] | None = None,
     *,
     trust_config: bool = False,
+    described_as: str | None = None,
 ) -> Config:
     """Like :func:`load_config`, from an already parsed mapping (e.g. the resolved config an analysis file's sidecar
     keeps, which is a file like any other); ``path`` names where it came from in messages and gives the default
-    analysis file's folder."""
+    analysis file's folder, ``described_as`` (default: ``path``) names the file in the refusal of a setting that runs
+    code."""
     path = Path(path)
     sections, ignored = _split_blocks(raw, path)
     dotted = _parse_overrides(overrides)
@@ -509,7 +511,9 @@ def config_from_data(
                                    for key in block})  # fmt: skip
     config.command_line_keys = sorted(command_line)
     resolved = {setting.key: _value(config, setting.key) for setting in CODE_SETTINGS}
-    check_file_settings(resolved, command_line, str(path), trust_config)  # before anything else is looked at
+    check_file_settings(
+        resolved, command_line, described_as or str(path), trust_config
+    )  # before anything else is looked at
     if config.SensitivityAnalysis.analysis_file is None:
         config.SensitivityAnalysis.analysis_file = str(Path("outputs") / path.stem / "sensitivity.pkl")
     validate(config)

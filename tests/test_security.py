@@ -74,7 +74,9 @@ def test_a_runtime_command_recorded_in_a_sidecar_does_not_run_on_verify(
     ratios.write_text("ChannelPrune:\n  prune_params_name: [0.weight]\n  pruned_ratio: [0.5]\n")
     before = snapshot(tmp_path)
     result = cli("verify", tmp_path / "out" / "s.pkl", "--ratios", ratios, "--no_report")
-    assert_user_error(result, r"SensitivityAnalysis\.runtime_command in .* runs a command")
+    assert_user_error(
+        result, r"SensitivityAnalysis\.runtime_command in the config .*s\.pkl\.json recorded runs a command"
+    )
     assert not marker.exists() and snapshot(tmp_path) == before
 
 

@@ -25,6 +25,7 @@ from analysis.inputs.build import Inputs, build_inputs, needs_calibration
 from analysis.io.outputs import check_config_outputs, check_output_folder
 from analysis.io.ratios_yaml import load_ratios_yaml
 from analysis.io.record import AnalysisRecord, load_record
+from analysis.io.results import sidecar_path
 from analysis.io.sidecar import ConfigRecord
 from analysis.reporting.plan_text import format_plan
 from analysis.workflow.job import run_job
@@ -154,8 +155,9 @@ def verify_main(args: argparse.Namespace) -> int:
         if raw is None:
             raise ConfigError(f"{args.analysis_file} does not record the config that wrote it (Python API run); "
                               "pass --config_path.")  # fmt: skip
+        recorded = f"the config {sidecar_path(args.analysis_file)} recorded"
         config = config_from_data(raw, stored.source or args.analysis_file, args.overrides, flags,
-                                  trust_config=args.trust_config)  # fmt: skip
+                                  trust_config=args.trust_config, described_as=recorded)  # fmt: skip
     # --ratios gives the ratios, so verifying and exporting need no target in the config: set after its validation
     config.SensitivityAnalysis.verify = True
     if args.export_dir is not None:
