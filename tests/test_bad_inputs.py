@@ -11,6 +11,7 @@ import math
 import os
 import pickle
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from analysis import analysis_prune
 from analysis.config import GlobalConfig, load_config, normalise_ratios
 from analysis.errors import AnalysisFileError, ConfigError, DataError, UserError
 from analysis.inputs import data as data_module
+from analysis.inputs.build import build_inputs
 from analysis.inputs.data import (
     Preprocess,
     build_eval_loader,
@@ -34,13 +36,18 @@ from analysis.inputs.data import (
     rgb_image,
     scan_image_folder,
 )
+from analysis.io.latency_table import LatencyTable, load_table, save_table, table_path
 from analysis.io.lock import exclusive
 from analysis.io.ratios_yaml import load_ratios_yaml
+from analysis.io.record import load_record
 from analysis.io.results import load_sensitivities, load_sidecar
 from analysis.io.search_log import SearchLog, search_log_path
 from analysis.planning.measured import PlanScoring, SearchSettings, build_measured_plan
-from analysis.planning.plan import Plan
+from analysis.planning.plan import Plan, Planner, open_planner
 from analysis.planning.ratios import get_ratios_by_loss
+from analysis.runtimes.probes import measure_table, open_table, table_key
+from analysis.runtimes.runtime import CommandRuntime, Runtime, TorchRuntime
+from analysis.workflow import plan as plan_workflow
 
 import tiny_models
 from helpers import (
@@ -54,12 +61,14 @@ from helpers import (
     calibration_batches,
     pseudo_labelled,
     randomize,
+    run_cli,
     search_record,
     tiny_global,
     write_config,
     write_images,
     write_train_list,
 )
+from latency_fakes import MacsRuntime
 
 Cli = Callable[..., CliResult]
 PREPROCESS = Preprocess(img_size=8, resize_size=8)
@@ -1319,3 +1328,257 @@ def test_every_command_refuses_a_bad_output_path_before_writing_anything(
     before = tree(tmp_path)
     assert_user_error(cli(*arguments), pattern)
     assert tree(tmp_path) == before
+
+
+# ---- round 4 (issue 41): latency tables, exports, output paths, commands ----
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with a finished analysis of the tiny CNN at ratio 0.5 (``c.yaml``, ``data/``, ``out/s.pkl`` and its
+    sidecar, relative paths throughout) and a ratios file ``r.yaml``: made once, copied by :func:`copy_of`."""
+    root = tmp_path_factory.mktemp("finished")
+    write_images(root / "data", "list", [i % 10 for i in range(20)])
+    section = {"analysis_file": "out/s.pkl", "pruned_ratios": [0.5]}
+    write_config(root / "c.yaml", {"Global": tiny_global(Path("data")), "SensitivityAnalysis": section})
+    (root / "r.yaml").write_text(VALID_RATIOS)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        assert run_cli(["--config_path", "c.yaml", "--no_report"]) == 0
+    return root
+
+
+def copy_of(folder: Path, into: Path) -> Path:
+    """``folder``'s files copied into ``into`` (the test's current folder); returns ``into``."""
+    shutil.copytree(folder, into, dirs_exist_ok=True)
+    return into
+
+
+def fake_latency(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plans measure latency on a deterministic fake runtime (latency concave in the MACs) instead of a real one."""
+    runtime = MacsRuntime(torch.zeros(1, 3, 16, 16), power=0.5)
+    monkeypatch.setattr(plan_workflow, "latency_runtime", lambda config, device: runtime)
+
+
+@pytest.fixture(scope="module")
+def latency_ready(finished: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Planner]:
+    """:func:`finished` with the latency table of the fake runtime (:func:`fake_latency`) cached in ``out/``, measured
+    as a latency plan measures it, and the planner of that model and analysis, which the plan step opens it with."""
+    root = copy_of(finished, tmp_path_factory.mktemp("latency"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        inputs = build_inputs(load_config("c.yaml"), progress=False)
+        record = load_record("out/s.pkl")
+        planner, options = open_planner(inputs.model.eval(), inputs.example_input, record, "macs")
+        counts = planner.probe_counts(options, record.sensitivities)
+        measure_table(planner, counts, MacsRuntime(inputs.example_input, power=0.5), 1, "out/s.pkl", progress=False)
+    return root, planner
+
+
+def latency_table_file(root: Path) -> Path:
+    """The one latency table cached beside ``root/out/s.pkl``."""
+    (table,) = (root / "out").glob("s.pkl.latency-*.json")
+    return table
+
+
+def test_an_export_without_onnx_removes_the_older_exports_onnx_file(cli: Cli, tmp_path: Path, finished: Path) -> None:
+    """Exporting again into the same folder without ONNX used to leave the previous plan's pruned_model.onnx beside
+    the new plan's files, as if it were this plan's."""
+    copy_of(finished, tmp_path)
+    older = {name: f"older export: {name}".encode() for name in
+             ("pruned_model.pt", "pruned_state_dict.pt", "pruned_channels.json", "channel_prune.yaml",
+              "pruned_model.onnx")}  # fmt: skip
+    (tmp_path / "exp").mkdir()
+    for name, content in {**older, "notes.txt": b"the user's own file"}.items():
+        (tmp_path / "exp" / name).write_bytes(content)
+    result = cli("plan", "--config_path", "c.yaml", "--target_macs_reduction", "0.2", "--export_dir", "exp",
+                 "--no_report", "SensitivityAnalysis.export_onnx=false")  # fmt: skip
+    assert result.code == 0, result.err
+    assert "Traceback" not in result.err
+    assert "Removed exp/pruned_model.onnx: a file of an older export that this one does not write" in result.err
+    files = tree(tmp_path / "exp")
+    assert sorted(files) == ["channel_prune.yaml", "notes.txt", "pruned_channels.json", "pruned_model.pt",
+                             "pruned_state_dict.pt"]  # fmt: skip
+    assert files["notes.txt"] == b"the user's own file"  # not a file an export writes: left alone
+    assert all(files[name] != content for name, content in older.items() if name in files)  # all of the new export
+    assert "onnx" not in json.loads(files["pruned_channels.json"] or b"")
+
+
+SVD_MODEL = '''
+import torch
+from torch import nn
+
+import tiny_models
+
+
+class SvdHead(nn.Sequential):
+    """The tiny CNN (the same layers, so the same weights from the same seed) with a singular value decomposition of
+    its logits, an operator no ONNX exporter converts."""
+
+    def forward(self, images):
+        logits = super().forward(images)
+        return logits + 0 * torch.linalg.svdvals(logits).sum()
+
+
+def build(num_classes=10):
+    return SvdHead(*tiny_models.tiny_cnn(num_classes))
+'''
+
+
+def test_a_failed_onnx_export_leaves_the_export_folder_and_the_plan_as_they_were(
+    cli: Cli, tmp_path: Path, finished: Path
+) -> None:
+    """A failed ONNX export used to delete the pruned_model.onnx already in the folder (after the plan's YAML was
+    replaced); now nothing changes, and the sentence names the way to export without ONNX."""
+    copy_of(finished, tmp_path)
+    (tmp_path / "svd_model.py").write_text(SVD_MODEL)
+    (tmp_path / "out" / "s.pkl.plan.yaml").write_text(VALID_RATIOS)  # an earlier plan's ratios
+    (tmp_path / "exp").mkdir()
+    for name in ("pruned_model.pt", "pruned_state_dict.pt", "pruned_channels.json", "channel_prune.yaml",
+                 "pruned_model.onnx"):  # fmt: skip
+        (tmp_path / "exp" / name).write_bytes(f"earlier export: {name}".encode())
+    before = tree(tmp_path)
+    result = cli("plan", "--config_path", "c.yaml", "--target_macs_reduction", "0.2", "--export_dir", "exp",
+                 "Global.arch=svd_model.py:build")  # fmt: skip
+    pattern = (
+        r"cannot be exported to ONNX \(opset \d+\): operator aten::_?linalg_svd.* is not supported; export "
+        r"without ONNX with SensitivityAnalysis\.export_onnx: false"
+    )
+    assert_user_error(result, pattern)
+    assert tree(tmp_path) == before  # no file changed, none added (no temporary left), none removed
+
+
+@pytest.mark.parametrize("setting", ["runtime_pattern", "torch threads"])
+def test_the_latency_table_key_holds_what_its_numbers_depend_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    """The key used to leave out runtime_pattern: after fixing a wrong pattern, the old table was read again."""
+    model = tiny_models.tiny_cnn()
+    keys = []
+    for value in (1, 2):
+        if setting == "runtime_pattern":
+            runtime: Runtime = CommandRuntime("bench {onnx}", ["took ([0-9.]+)", "median ([0-9.]+) ms"][value - 1])
+        else:
+            monkeypatch.setattr(torch, "get_num_threads", lambda value=value: value)
+            runtime = TorchRuntime(torch.device("cpu"))
+        keys.append(table_key(runtime, model, (3, 16, 16), 1))
+    first, second = keys
+    assert {k: v for k, v in first.items() if second.get(k) != v} == (
+        {"pattern": "took ([0-9.]+)"} if setting == "runtime_pattern" else {"threads": 1}
+    )
+    save_table(table_path(tmp_path / "s.pkl", first), LatencyTable(first, 5.0, {"0.weight": {4: 3.0}}))
+    assert table_path(tmp_path / "s.pkl", second) != table_path(tmp_path / "s.pkl", first)
+    reread = load_table(table_path(tmp_path / "s.pkl", second), second)
+    assert (reread.dense_ms, reread.probes) == (None, {})  # the other setting's numbers are not reused
+
+
+def damage_probe(value: object) -> Callable[[dict[str, Any]], object]:
+    """A damage that sets the first probe of the first group to ``value``."""
+
+    def change(table: dict[str, Any]) -> None:
+        counts = next(iter(table["probes"].values()))
+        counts[next(iter(counts))] = value
+
+    return change
+
+
+DAMAGED_TABLES: dict[str, tuple[Callable[[dict[str, Any]], object], str]] = {
+    "a NaN probe": (damage_probe(math.nan), r'probes\["0\.weight"\]\["\d+"\] is NaN, not a finite positive number'),
+    "a probe in text": (damage_probe("3.5"), r'probes\["0\.weight"\]\["\d+"\] is "3\.5", not a finite positive'),
+    "a boolean probe": (damage_probe(True), r'probes\["0\.weight"\]\["\d+"\] is true, not a finite positive'),
+    "a NaN dense latency": (lambda t: t.update(dense_ms=math.nan), r"dense_ms is NaN, not a finite positive number"),
+    "a negative dense latency": (lambda t: t.update(dense_ms=-2.0), r"dense_ms is -2\.0, not a finite positive"),
+    "an unknown group": (lambda t: t["probes"].update({"9.weight": {"1": 1.0}}),
+                         r'probes\["9\.weight"\] names no prunable unit of this model'),
+    "an unknown count": (lambda t: t["probes"]["0.weight"].update({"8": 1.0}),
+                         r'probes\["0\.weight"\]\["8"\] is not a channel count a probe of 0\.weight can remove '
+                         r"\(1 to 7\)"),
+    "a damaged reference": (lambda t: t["references"].update({"0.weight@4": ["model", -1]}),
+                            r'references\["0\.weight@4"\]\[1\] is -1, not a finite positive number'),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", list(DAMAGED_TABLES))
+def test_a_damaged_latency_table_is_refused_naming_the_file_and_the_entry(
+    tmp_path: Path, latency_ready: tuple[Path, Planner], damage: str
+) -> None:
+    """A NaN probe used to end in a traceback, text and booleans became numbers, a NaN or negative dense latency was
+    blamed on target_latency_ms, and unknown groups and counts were planned with. The table is opened as the plan
+    step opens it (exit 2 from the command line)."""
+    root, planner = latency_ready
+    copy_of(root, tmp_path)
+    table = latency_table_file(tmp_path)
+    data = json.loads(table.read_text())
+    change, entry = DAMAGED_TABLES[damage]
+    change(data)
+    table.write_text(json.dumps(data))
+    before = tree(tmp_path)
+    runtime = MacsRuntime(torch.zeros(1, 3, 16, 16), power=0.5)
+    message = rf"Latency table out/s\.pkl\.latency-\w+\.json is damaged: {entry}.*; delete the file to measure"
+    with pytest.raises(AnalysisFileError, match=message):
+        open_table(planner, runtime, 1, "out/s.pkl")
+    assert tree(tmp_path) == before
+
+
+BAD_OUTPUT_PATHS = {
+    "deps into the analysis file": (["deps", "--config_path", "c.yaml", "--output", "out/s.pkl"],
+                                    r"Cannot write out/s\.pkl \(--output\): it is an analysis file"),
+    "deps into the sidecar": (["deps", "--config_path", "c.yaml", "--output", "out/s.pkl.json"],
+                              r"Cannot write out/s\.pkl\.json \(--output\): it is the sidecar of the analysis file "
+                              r"out/s\.pkl"),
+    "deps into the config": (["deps", "--config_path", "c.yaml", "--output", "c.yaml"],
+                             r"Cannot write c\.yaml \(--output\): it is the config file, which this command reads"),
+    "merge into an input's sidecar": (["merge", "out/s.pkl.json", "out/s.pkl"],
+                                      r"Cannot write out/s\.pkl\.json \(OUTPUT\): it is the sidecar of the analysis "
+                                      r"file out/s\.pkl"),
+    "merge over a file that is no analysis": (["merge", "r.yaml", "out/s.pkl"],
+                                              r"Cannot write r\.yaml \(OUTPUT\): it exists and is not an analysis "
+                                              "file"),
+    "an analysis file that is a sidecar": (["--config_path", "c.yaml", "--analysis_file", "out/s.pkl.json",
+                                            "--overwrite"],
+                                           r"Cannot write out/s\.pkl\.json \(SensitivityAnalysis\.analysis_file\): "
+                                           r"it is the sidecar of the analysis file out/s\.pkl"),
+    "an export over the model's weights": (["plan", "--config_path", "c.yaml", "--target_macs_reduction", "0.2",
+                                            "--export_dir", "exp", "Global.model_dir=exp",
+                                            "Global.params_filename=pruned_state_dict.pt"],
+                                           r"Cannot write exp/pruned_state_dict\.pt \(--export_dir\): it is the "
+                                           r"checkpoint of Global\.params_filename"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_OUTPUT_PATHS))
+def test_an_output_path_that_is_an_input_an_analysis_file_or_a_sidecar_exits_2(
+    cli: Cli, tmp_path: Path, finished: Path, case: str
+) -> None:
+    """``deps --output`` naming the analysis file and ``merge`` into the sidecar used to overwrite them, exit 0."""
+    copy_of(finished, tmp_path)
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "pruned_state_dict.pt").write_bytes(b"the weights a pruned model was exported with")
+    arguments, pattern = BAD_OUTPUT_PATHS[case]
+    before = tree(tmp_path)
+    assert_user_error(cli(*arguments), pattern)
+    assert tree(tmp_path) == before
+
+
+def test_an_unreachable_latency_goal_in_ms_is_refused_in_ms(
+    cli: Cli, tmp_path: Path, latency_ready: tuple[Path, Planner], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--target_latency_ms`` used to be refused as the target_latency_reduction it corresponds to."""
+    copy_of(latency_ready[0], tmp_path)
+    fake_latency(monkeypatch)
+    before = tree(tmp_path)
+    result = cli("plan", "--config_path", "c.yaml", "--target_latency_ms", "1", "--no_report")
+    assert_user_error(result, r"^error: target_latency_ms 1 \(\d+\.\d% below the dense model's \d+\.\d{3} ms in the "
+                              r"latency table\) cannot be reached: .* gets the predicted latency down to \d+\.\d{3} "
+                              r"ms; analyse larger SensitivityAnalysis\.pruned_ratios")  # fmt: skip
+    assert "reduction" not in result.err.splitlines()[-1]
+    assert tree(tmp_path) == before
+
+
+def test_a_mistyped_command_is_named_with_a_suggestion(cli: Cli, tmp_path: Path) -> None:
+    """``run.py plna`` used to be reported as a malformed override."""
+    result = cli("plna", "--config_path", "c.yaml")
+    assert_user_error(result, r"^error: unknown command 'plna' \(did you mean 'plan'\?\); the commands are plan, "
+                              r"verify, report, merge, deps")  # fmt: skip
+    assert "Override" not in result.err
+    assert tree(tmp_path) == {}

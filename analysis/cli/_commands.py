@@ -19,7 +19,13 @@ from analysis.config import check_target_loss, load_config
 from analysis.inputs.models import build_model
 from analysis.io.atomic import atomic_write_text
 from analysis.io.lock import exclusive
-from analysis.io.outputs import check_output_file, check_output_folder
+from analysis.io.outputs import (
+    check_output_file,
+    check_output_folder,
+    check_overwrite,
+    check_replaceable_analysis,
+    config_inputs,
+)
 from analysis.io.record import load_record
 from analysis.io.results import sidecar_path
 from analysis.scale.shards import merge_records
@@ -51,7 +57,8 @@ def build_merge_parser() -> CommandParser:
         "later inputs win for the same (param, ratio), as PaddleSlim's merge_sensitive; files of another model, "
         "other data or other settings are refused.",
     )
-    parser.add_argument("output", help="analysis file to write (replaced if it exists)")
+    parser.add_argument("output", help="analysis file to write: a new file, or an analysis file to replace (list it "
+                        "among the inputs too to extend it); never a sidecar or another kind of file")  # fmt: skip
     parser.add_argument("inputs", nargs="+", help="analysis files to merge, in order")
     return parser
 
@@ -87,7 +94,9 @@ def merge_main(args: argparse.Namespace) -> int:
     """``run.py merge``: merge analysis files of one analysis into one."""
     setup_logging()
     check_output_file(args.output, "OUTPUT")
-    with exclusive(args.output):  # an input may be the output itself: read under its lock
+    check_overwrite(args.output, "OUTPUT", analysis_file=True)  # never an input's sidecar
+    check_replaceable_analysis(args.output, "OUTPUT")
+    with exclusive(args.output):  # an input may be the output itself (extended): read under its lock
         merged = merge_records(args.output, [load_record(path) for path in args.inputs])
     variants = sum(len(curve) for curve in merged.values())
     print(f"merged {len(args.inputs)} file(s): {len(merged)} param(s), {variants} (param, ratio) pair(s) -> "
@@ -102,6 +111,7 @@ def deps_main(args: argparse.Namespace) -> int:
     assert config.SensitivityAnalysis.analysis_file is not None
     output = Path(args.output or Path(config.SensitivityAnalysis.analysis_file).with_name("dependencies.csv"))
     check_output_file(output, "--output")
+    check_overwrite(output, "--output", config_inputs(config))  # nor the analysis file, nor its sidecar
     g = config.Global
     model = build_model(g)
     example_input = torch.zeros(1, 3, g.img_size, g.img_size)

@@ -129,7 +129,7 @@ def plan_main(args: argparse.Namespace) -> int:
                           "--target_latency_reduction or --target_latency_ms (or the same key in the config's "
                           "SensitivityAnalysis).")  # fmt: skip
     check_latency_settings_used(config)
-    check_config_outputs(config)
+    check_config_outputs(config, "--export_dir" if args.export_dir is not None else "SensitivityAnalysis.export_dir")
     progress = False if args.quiet else None
     inputs = build_inputs(config, progress, calibration=needs_calibration(config))
     analysis_file = config.SensitivityAnalysis.analysis_file
@@ -164,7 +164,7 @@ def verify_main(args: argparse.Namespace) -> int:
         config.SensitivityAnalysis.export_dir = args.export_dir
     check_plan_granularity(config.SensitivityAnalysis)
     check_latency_settings_used(config)
-    check_config_outputs(config)
+    check_config_outputs(config, "--export_dir" if args.export_dir is not None else "SensitivityAnalysis.export_dir")
     load_ratios_yaml(args.ratios)  # read before the model and the data load, so a bad file is refused at once
     progress = False if args.quiet else None
     inputs = build_inputs(config, progress, calibration=needs_calibration(config))

@@ -31,9 +31,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     SIGINT and SIGTERM abandon the variant being evaluated: every finished one is already saved (atomically, after
     each), so rerunning the same command resumes where it stopped.
     """
-    command, arguments = command_for(sys.argv[1:] if argv is None else argv)
     previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
     try:
+        command, arguments = command_for(sys.argv[1:] if argv is None else argv)
         return command.run(arguments)
     except UserError as error:
         if isinstance(error, UserCodeError):

@@ -20,6 +20,8 @@ from analysis.cli._commands import (
 from analysis.cli._job import build_parser, job_main
 from analysis.cli._parser import CommandParser
 from analysis.cli._plan import build_plan_parser, build_verify_parser, plan_main, verify_main
+from analysis.config import SECTIONS
+from analysis.errors import ConfigError, did_you_mean, printable
 
 
 @dataclass(frozen=True)
@@ -81,11 +83,37 @@ COMMANDS = (JOB, *SUBCOMMANDS)
 
 
 def command_for(argv: Sequence[str]) -> tuple[Command, list[str]]:
-    """The command ``argv`` names (a subcommand's name first, else the main job) and the arguments that are its own."""
+    """The command ``argv`` names (a subcommand's name first, else the main job) and the arguments that are its own.
+
+    Raises:
+        ConfigError: If the first argument is neither a flag, an override (``Section.key=value``, or a dotted key
+            the main job reports as a malformed override) nor a command: a mistyped command is named as one.
+    """
     for command in SUBCOMMANDS:
         if argv and argv[0] == command.name:
             return command, list(argv[1:])
+    if argv and _unknown_command(argv[0]):
+        raise ConfigError(unknown_command_message(argv[0]))
     return JOB, list(argv)
+
+
+def _unknown_command(first: str) -> bool:
+    """Whether the first argument meant a command: not a flag, not an override, not a ``Section.key`` missing its
+    value (which the main job reports as a malformed override)."""
+    return not first.startswith("-") and "=" not in first and first.partition(".")[0] not in SECTIONS
+
+
+def unknown_command_message(name: str) -> str:
+    """The sentence for ``run.py NAME ...`` when NAME is no command: the closest command and every command, or for a
+    YAML file how a config is passed (the likeliest mistake besides a typo)."""
+    names = ", ".join(command.name for command in SUBCOMMANDS)
+    shown = printable(name)
+    if name.endswith((".yaml", ".yml")):
+        return (f"unknown command '{shown}'; to analyse with that config run python run.py --config_path {shown} "
+                f"(the commands are {names}; python run.py --help).")  # fmt: skip
+    closest = did_you_mean(name, [command.name for command in SUBCOMMANDS])
+    return (f"unknown command '{shown}'{closest}; the commands are {names}, and the analysis runs as python run.py "
+            "--config_path CFG.yaml (python run.py --help lists them).")  # fmt: skip
 
 
 def commands_listing() -> str:

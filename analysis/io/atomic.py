@@ -45,7 +45,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         if isinstance(error, OSError):
             raise output_error(target, error) from None
         raise
-    _fsync_directory(target.parent)
+    fsync_directory(target.parent)
 
 
 def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[Path]:
@@ -79,7 +79,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
     """Persist a rename; some platforms (Windows) and filesystems cannot fsync a directory, which is harmless."""
     try:
         fd = os.open(directory, os.O_RDONLY)

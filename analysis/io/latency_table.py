@@ -3,16 +3,21 @@ units pruned at each probed channel count, cached in a JSON file so that a kille
 and a later plan on the same runtime, device, input and batch measures nothing again. A layer-level table also keeps
 the latency of each conv/linear layer shape it measured (its probes are the dense latency minus the summed savings).
 
-The file ``<analysis file>.latency-<key hash>.json`` holds one table; its ``key`` (runtime, device, input shape,
-batch size, model fingerprint, and ``table: layers`` for a layer-level table) must match, else the file belongs to
-another setting and is not read.
+The file ``<analysis file>.latency-<key hash>.json`` holds one table; its ``key`` (everything the numbers depend on:
+the runtime's settings, host, input shape, batch size, model fingerprint, and ``table: layers`` for a layer-level
+table; see :func:`analysis.runtimes.probes.table_key`) must match, else the file belongs to another setting and is not
+read. A file with the key is checked entry by entry when read (:func:`load_table`), so a damaged or hand-edited table
+is refused by name instead of planned with.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,30 +107,131 @@ def table_path(analysis_file: str | os.PathLike[str], key: dict[str, Any]) -> Pa
     return path.with_name(f"{path.name}.latency-{json_fingerprint(key)[:12]}.json")
 
 
-def load_table(path: Path, key: dict[str, Any]) -> LatencyTable:
+def load_table(path: Path, key: dict[str, Any], known: Mapping[str, range] | None = None) -> LatencyTable:
     """The cached table at ``path`` when it has ``key``, else an empty one.
 
+    Every latency must be a finite positive number of ms (a layer-level table's probes, the dense latency minus
+    summed layer savings, any finite number), every probe a group of ``known`` (``{group key: the channel counts a
+    probe of it can remove}``; None: any) at one of its counts, and every reference a probe's or a layer's of the
+    table.
+
     Raises:
-        AnalysisFileError: If the file is not a latency table (damaged or written by something else).
+        AnalysisFileError: If the file is not a latency table or holds an entry that is not one (damaged or written
+            by something else), naming the file and the entry.
     """
     if not path.exists():
         return LatencyTable(dict(key))
     try:
-        data = json.loads(path.read_text())
-        if data.get("key") != json.loads(json.dumps(key)):
-            return LatencyTable(dict(key))
-        dense = data.get("dense_ms")
-        probes = {
-            str(group): {int(count): float(ms) for count, ms in counts.items()}
-            for group, counts in data.get("probes", {}).items()
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise _damaged(path, f"it cannot be read as JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise _damaged(path, "it is not a JSON object")
+    if data.get("key") != json.loads(json.dumps(key)):
+        return LatencyTable(dict(key))
+    reader = _Reader(path, known)
+    dense = data.get("dense_ms")
+    layers = {name: reader.ms(ms, f"layers[{_quoted(name)}]") for name, ms in reader.section(data, "layers").items()}
+    probes: dict[str, dict[int, float]] = {}
+    derived = key.get("table") == LAYER_TABLE  # dense minus summed layer savings: any finite number
+    for group in reader.section(data, "probes"):
+        where = f"probes[{_quoted(group)}]"
+        entries = reader.section(data["probes"], group, where)
+        probes[reader.group(group, where)] = {
+            reader.count(group, count, f"{where}[{_quoted(count)}]"): reader.ms(
+                ms, f"{where}[{_quoted(count)}]", derived
+            )
+            for count, ms in entries.items()
         }
-        layers = {str(shape): float(ms) for shape, ms in data.get("layers", {}).items()}
-        references = {str(name): (str(what), float(ms)) for name, (what, ms) in data.get("references", {}).items()}
-        return LatencyTable(dict(key), None if dense is None else float(dense), probes, layers, references)
-    except (ValueError, TypeError, AttributeError) as error:
-        raise AnalysisFileError(
-            f"Latency table {path} is damaged ({error}); delete it to measure the table again."
-        ) from None
+    stored = reader.section(data, "references")
+    references = {name: reader.reference(name, reference, layers) for name, reference in stored.items()}
+    return LatencyTable(dict(key), None if dense is None else reader.ms(dense, "dense_ms"), probes, layers, references)
+
+
+LAYER_TABLE = "layers"
+"""The ``table`` entry of a layer-level table's key."""
+
+_COUNT = re.compile(r"[1-9][0-9]*")
+
+
+class _Reader:
+    """Checks the entries of one table file, raising :class:`AnalysisFileError` at the first that is wrong."""
+
+    def __init__(self, path: Path, known: Mapping[str, range] | None) -> None:
+        self.path, self.known = path, known
+
+    def section(self, data: dict[str, Any], name: str, where: str | None = None) -> dict[str, Any]:
+        """The object ``data[name]`` (empty when absent)."""
+        value = data.get(name, {})
+        if not isinstance(value, dict):
+            raise self.bad(where or name, f"is {_shown(value)}, not an object")
+        return value
+
+    def ms(self, value: Any, where: str, derived: bool = False) -> float:
+        """A latency: a finite positive number (not a string, not a boolean); a ``derived`` one (a layer-level
+        table's probe, the dense latency minus summed layer savings) may be 0 or less."""
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise self.bad(where, f"is {_shown(value)}, not a finite {'' if derived else 'positive '}number of ms")
+        if value <= 0 and not derived:
+            raise self.bad(where, f"is {_shown(value)}, not a finite positive number of ms")
+        return float(value)
+
+    def group(self, group: str, where: str) -> str:
+        """A probed group: a prunable unit of the model (by its key)."""
+        if self.known is not None and group not in self.known:
+            raise self.bad(where, "names no prunable unit of this model")
+        return group
+
+    def count(self, group: str, count: str, where: str) -> int:
+        """A probe's channel count: a whole number the group can lose."""
+        allowed = self.known.get(group) if self.known is not None else None
+        if not _COUNT.fullmatch(count) or (allowed is not None and int(count) not in allowed):
+            limits = "" if allowed is None else f" ({_counts(allowed)})"
+            raise self.bad(where, f"is not a channel count a probe of {group} can remove{limits}")
+        return int(count)
+
+    def reference(self, name: str, value: Any, layers: Mapping[str, float]) -> tuple[str, float]:
+        """What a probe (``group@count``: the model, ``model``) or a pruned layer shape (its dense shape, in
+        ``layers``) was measured beside, and its latency."""
+        where = f"references[{_quoted(name)}]"
+        if not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], str):
+            raise self.bad(where, f"is {_shown(value)}, not [what, ms]")
+        what, ms = value
+        group, _, count = name.rpartition("@")
+        if name in layers:
+            if what not in layers:
+                raise self.bad(where, f"names {_shown(what)}, which is no layer shape of this table")
+        elif what != "model":
+            raise self.bad(where, "names no layer shape of this table")
+        else:
+            self.count(self.group(group, where), count, where)
+        return what, self.ms(ms, f"{where}[1]")
+
+    def bad(self, where: str, problem: str) -> AnalysisFileError:
+        return _damaged(self.path, f"{where} {problem}")
+
+
+def _damaged(path: Path, problem: str) -> AnalysisFileError:
+    return AnalysisFileError(f"Latency table {path} is damaged: {problem}; delete the file to measure the table again.")
+
+
+def _quoted(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _shown(value: Any) -> str:
+    """``value`` as JSON would write it (NaN, true, "3"), shortened."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _counts(allowed: range) -> str:
+    """The counts of ``allowed`` in words."""
+    if not allowed:
+        return "it has no channel to spare"
+    if allowed.step == 1:
+        return f"1 to {allowed[-1]}"
+    return f"multiples of {allowed.step} up to {allowed[-1]}"
 
 
 def save_table(path: Path, table: LatencyTable) -> None:

@@ -24,14 +24,12 @@ from torch import nn
 from analysis.errors import ModelError
 from analysis.inputs.device import model_device
 from analysis.inputs.models import PRIVATE_MODULE_PREFIX
-from analysis.io.atomic import atomic_write_bytes, atomic_write_text, writable_folder
+from analysis.io.export_files import CHANNELS_FILE, MODEL_FILE, STATE_DICT_FILE
+from analysis.io.staged import StagedFiles
 from analysis.structure.attention_stream import sync_stored_widths
 from analysis.structure.custom_layers import customized_pruners
 from analysis.structure.heads import PrunedMultiheadAttention, is_attention, with_heads
 
-MODEL_FILE = "pruned_model.pt"
-STATE_DICT_FILE = "pruned_state_dict.pt"
-CHANNELS_FILE = "pruned_channels.json"
 FORMAT_VERSION = 1
 
 logger = logging.getLogger(__name__)
@@ -68,9 +66,23 @@ def layer_shapes(model: nn.Module) -> dict[str, dict[str, Any]]:
 def export_pruned(
     pruned: nn.Module, dense: nn.Module, export_dir: str | Path, extra: Mapping[str, Any] | None = None
 ) -> dict[str, Path]:
-    """Write the three files of ``pruned`` to ``export_dir`` (atomically); the JSON lists the layers whose shape
-    differs from ``dense`` and carries ``extra`` (e.g. the plan). Returns the paths by kind."""
-    directory = writable_folder(export_dir)
+    """Write the three files of ``pruned`` to ``export_dir`` (all replaced at once: an error leaves the old ones);
+    the JSON lists the layers whose shape differs from ``dense`` and carries ``extra`` (e.g. the plan). Returns the
+    paths by kind."""
+    with StagedFiles(export_dir) as staged:
+        for name, data in pruned_files(pruned, dense, extra).items():
+            staged.write_bytes(name, data)
+        placed = staged.commit()
+    return {kind: placed[name] for kind, name in FILE_KINDS.items()}
+
+
+FILE_KINDS = {"model": MODEL_FILE, "state_dict": STATE_DICT_FILE, "channels": CHANNELS_FILE}
+"""The files :func:`pruned_files` makes, by kind (as a plan's record lists them)."""
+
+
+def pruned_files(pruned: nn.Module, dense: nn.Module, extra: Mapping[str, Any] | None = None) -> dict[str, bytes]:
+    """The content of the three files of ``pruned``, by file name: the pickled module, its state dict, and the JSON
+    listing the layers whose shape differs from ``dense``, with ``extra`` (e.g. the plan) in it."""
     before, after = layer_shapes(dense), layer_shapes(pruned)
     changed = {name: shape for name, shape in after.items() if before.get(name) != shape}
     description: dict[str, Any] = {"format": FORMAT_VERSION, "changed_layers": changed}
@@ -82,12 +94,11 @@ def export_pruned(
     if how_to_load is not None:
         description["loading"] = how_to_load
         logger.warning("%s: %s", MODEL_FILE, how_to_load)
-    paths = {"model": directory / MODEL_FILE, "state_dict": directory / STATE_DICT_FILE,
-             "channels": directory / CHANNELS_FILE}  # fmt: skip
-    atomic_write_bytes(paths["model"], saved_bytes(pruned))
-    atomic_write_bytes(paths["state_dict"], saved_bytes(pruned.state_dict()))
-    atomic_write_text(paths["channels"], json.dumps(description, indent=1) + "\n")
-    return paths
+    return {
+        MODEL_FILE: saved_bytes(pruned),
+        STATE_DICT_FILE: saved_bytes(pruned.state_dict()),
+        CHANNELS_FILE: (json.dumps(description, indent=1) + "\n").encode("utf-8"),
+    }
 
 
 def bare_parameter_shapes(pruned: nn.Module, dense: nn.Module, layers: Mapping[str, Any]) -> dict[str, list[int]]:

@@ -424,6 +424,9 @@ class Planner:
         self.model, self.measure, self.example_input, self.latency = model, measure, example_input, latency
         self.also: dict[str, float] = {}
         """Budgets met besides :attr:`measure`'s: ``{measure: reduction}`` (:meth:`require`)."""
+        self.latency_goal_ms: float | None = None
+        """The latency goal in ms when the user gave one (``target_latency_ms``): messages speak of it, not of the
+        reduction it stands for."""
         self._group_key: dict[str, str] = {}
         self.settings = dict(settings)
         self.graph: tp.DependencyGraph = build_dependency_graph(model, example_input)
@@ -574,19 +577,33 @@ class Planner:
         except BudgetUnreachable as error:
             if self.also:
                 largest = {g.key: max(g.choices, key=lambda c: c.count) for g in options}
-                reached = ", ".join(f"{self.saved_in(m, largest) / self.dense_in(m):.1%} of the {m}"
-                                    for m in self.budgets(target))  # fmt: skip
-                asked = " and ".join(f"target_{m}_reduction {r:g}" for m, r in self.budgets(target).items())
+                reached = " and ".join(self._reached(m, self.saved_in(m, largest) / self.dense_in(m))
+                                       for m in self.budgets(target))  # fmt: skip
+                asked = " and ".join(self._goal(m, r) for m, r in self.budgets(target).items())
                 raise UserError(
                     f"{asked} cannot all be reached: pruning every analysed unit as far as the analysed ratios go "
-                    f"removes {reached}; analyse larger SensitivityAnalysis.pruned_ratios or lower a target."
+                    f"{reached}; analyse larger SensitivityAnalysis.pruned_ratios or lower a target."
                 ) from error
             best = self.joint_saved({g.key: max(g.choices, key=lambda c: c.saved) for g in options}) / dense
             raise UserError(
-                f"target_{self.measure}_reduction {target:g} cannot be reached: pruning every analysed unit as far as "
-                f"saves most within the analysed ratios removes {best:.1%} of the {self.measure}; analyse larger "
+                f"{self._goal(self.measure, target)} cannot be reached: pruning every analysed unit where it saves "
+                f"most within the analysed ratios {self._reached(self.measure, best)}; analyse larger "
                 "SensitivityAnalysis.pruned_ratios or lower the target."
             ) from error
+
+    def _goal(self, measure: str, reduction: float) -> str:
+        """A budget as the user gave it: ``target_macs_reduction 0.4``, or a latency goal in ms with the reduction of
+        the table's dense latency it stands for."""
+        if measure == "latency" and self.latency_goal_ms is not None:
+            return (f"target_latency_ms {self.latency_goal_ms:g} ({reduction:.1%} below the dense model's "
+                    f"{self.dense_in(measure):.3f} ms in the latency table)")  # fmt: skip
+        return f"target_{measure}_reduction {reduction:g}"
+
+    def _reached(self, measure: str, fraction: float) -> str:
+        """What the most pruning saves of ``measure`` (``fraction`` of the dense model's), in the budget's form."""
+        if measure == "latency" and self.latency_goal_ms is not None:
+            return f"gets the predicted latency down to {self.dense_in(measure) * (1.0 - fraction):.3f} ms"
+        return f"removes {fraction:.1%} of the {measure}"
 
     def _constraints(self, options: Sequence[GroupOptions], target: float) -> list[Constraint]:
         """Each budget as a :class:`~analysis.planning.allocate.Constraint`: per choice its saving alone, the goal,
@@ -629,6 +646,16 @@ class Planner:
             step = ALIGNED_CHANNELS * max(1, math.ceil(group.channels / (ALIGNED_CHANNELS * ALIGNED_PROBES)))
             found.update(c for c in allowed if 0 < c <= largest and (group.channels - c) % step == 0)
         return {key: sorted(found) for key, found in counts.items()}
+
+    def probe_limits(self) -> dict[str, range]:
+        """Per prunable unit, every channel count a latency probe of its group can remove, whatever the analysed ratios
+        and ``round_to`` (:func:`~analysis.structure.criteria.allowed_counts` less 0): what a cached latency table,
+        kept across analyses of one model, may hold."""
+        limits = {}
+        for name, param in self.by_name.items():
+            step = len(param.conv_blocks) or 1
+            limits[name] = range(step, param.channels, step)
+        return limits
 
     def plan(
         self,

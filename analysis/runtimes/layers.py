@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from analysis.io.latency_table import LatencyTable, save_table
+from analysis.io.latency_table import LAYER_TABLE, LatencyTable, save_table
 from analysis.planning.plan import Planner
 from analysis.progress import progress_bar
 from analysis.runtimes.probes import measure_dense, open_table
@@ -169,7 +169,7 @@ def measure_layer_table(
     Returns:
         The table, its file, and the seconds spent measuring in this call.
     """
-    table, path = open_table(planner, runtime, batch, analysis_file, kind="layers")
+    table, path = open_table(planner, runtime, batch, analysis_file, kind=LAYER_TABLE)
     calls = layer_calls(planner.model, planner.example_input)
     changes = {(group, count): changed_layers(planner, calls, group, count) for group, found in counts.items()
                for count in found}  # fmt: skip

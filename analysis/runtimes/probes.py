@@ -13,7 +13,7 @@ from pathlib import Path
 
 from torch import nn
 
-from analysis.io.fingerprint import model_fingerprint
+from analysis.io.fingerprint import json_fingerprint, model_fingerprint
 from analysis.io.latency_table import LatencyTable, load_table, probe_id, save_table, table_path
 from analysis.planning.plan import Planner
 from analysis.progress import progress_bar
@@ -24,15 +24,16 @@ logger = logging.getLogger(__name__)
 
 
 def table_key(runtime: Runtime, model: nn.Module, sample_shape: Sequence[int], batch: int) -> dict[str, object]:
-    """What a table's numbers depend on (the machine too: a table measured elsewhere does not hold here)."""
+    """What a table's numbers depend on: the runtime's settings (:meth:`Runtime.settings`: its version, device,
+    threads, a command's template and pattern...), the machine (a table measured elsewhere does not hold here), the
+    input, the batch, the model's weights and its layers' settings (strides, kernels, activations: ``repr``)."""
     return {
-        "runtime": runtime.name,
-        "version": runtime.version,
-        "device": runtime.device,
+        **runtime.settings(),
         "host": platform.node(),
         "input": list(sample_shape),
         "batch": batch,
         "model": model_fingerprint(model),
+        "architecture": json_fingerprint(repr(model)),
     }
 
 
@@ -45,7 +46,7 @@ def open_table(
     if kind is not None:
         key["table"] = kind
     path = table_path(analysis_file, key)
-    return load_table(path, key), path
+    return load_table(path, key, planner.probe_limits()), path
 
 
 def measure_dense(table: LatencyTable, path: Path, planner: Planner, runtime: Runtime, batch: int) -> float:

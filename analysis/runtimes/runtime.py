@@ -53,6 +53,11 @@ class Runtime(ABC):
     def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
         """The latency of one call of ``model`` on ``batch`` inputs of ``sample_shape`` (C, H, W)."""
 
+    def settings(self) -> dict[str, object]:
+        """What its latencies depend on besides the model, the input shape and the batch (a latency table's cache
+        key holds it, so a table measured with other settings is not reused)."""
+        return {"runtime": self.name, "version": self.version, "device": self.device}
+
 
 class TorchRuntime(Runtime):
     """Eager PyTorch on ``device`` under inference mode; CUDA work is synchronised before each clock read."""
@@ -75,6 +80,10 @@ class TorchRuntime(Runtime):
 
         median, spread, repeats = time_calls(call, self.plan)
         return Latency(self.name, self.device, batch, median, spread, repeats)
+
+    def settings(self) -> dict[str, object]:
+        """Eager PyTorch on a CPU runs on ``torch.get_num_threads()`` threads (``OMP_NUM_THREADS``)."""
+        return {**super().settings(), "threads": torch.get_num_threads()}
 
 
 class OnnxRuntime(Runtime):
@@ -100,6 +109,10 @@ class OnnxRuntime(Runtime):
         feed = {INPUT_NAME: _inputs(sample_shape, batch).numpy()}
         median, spread, repeats = time_calls(lambda: session.run([OUTPUT_NAME], feed), self.plan)
         return Latency(self.name, self.device, batch, median, spread, repeats)
+
+    def settings(self) -> dict[str, object]:
+        """The file it runs comes from this torch's ONNX exporter."""
+        return {**super().settings(), "exporter": f"torch {torch.__version__}"}
 
 
 class CommandRuntime(Runtime):
@@ -139,6 +152,11 @@ class CommandRuntime(Runtime):
                 f"{': ' + said[-1][:200] if said else ''}; run it by hand on an ONNX file to see why."
             )
         return Latency(self.name, self.device, batch, self._latency(done.stdout), 0.0, 1)
+
+    def settings(self) -> dict[str, object]:
+        """The command (in :attr:`device`), the pattern its latency is read with, and the exporter of its file."""
+        pattern = None if self.pattern is None else self.pattern.pattern
+        return {**super().settings(), "pattern": pattern, "exporter": f"torch {torch.__version__}"}
 
     def _latency(self, output: str) -> float:
         """The latency in ms the command printed."""

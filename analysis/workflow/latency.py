@@ -78,10 +78,14 @@ def plan_for_latency(
         latency = LatencyModel(latency_table, joint=joint)
         goal = goal_ms if goal_ms is not None else latency.dense_ms * (1.0 - float(reduction or 0.0))
         if not 0.0 < goal < latency.dense_ms:
+            refused = (f"SensitivityAnalysis.target_latency_ms {goal_ms:g} is not below" if goal_ms is not None else
+                       f"SensitivityAnalysis.target_latency_reduction {float(reduction or 0.0):g} asks for no time "
+                       "below")  # fmt: skip
             raise UserError(
-                f"SensitivityAnalysis.target_latency_ms {goal:g} is not below the dense model's measured "
-                f"{latency.dense_ms:.3f} ms on {runtime.device} (batch {batch}); ask for less."
+                f"{refused} the dense model's measured {latency.dense_ms:.3f} ms on {runtime.device} (batch {batch}); "
+                "ask for less."
             )
+        planner.latency_goal_ms = goal_ms  # its messages then speak of the goal in ms
         outcome = LatencyOutcome(runtime.name, runtime.device, batch, latency.dense_ms, goal, table_file=str(path),
                                  table_seconds=round(seconds, 3), goal_reduction=reduction)  # fmt: skip
         target = 1.0 - goal / latency.dense_ms

@@ -8,12 +8,10 @@ Run by ``run.py plan`` and ``run.py verify``, and after the main job when the co
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from analysis.config import Config
@@ -24,21 +22,20 @@ from analysis.errors import ConfigError
 from analysis.inputs.build import Inputs, build_inputs, needs_calibration
 from analysis.inputs.numerics import numerics
 from analysis.io import sidecar as schema
+from analysis.io.atomic import atomic_write_text
 from analysis.io.lock import exclusive
-from analysis.io.onnx_check import OnnxCheck
-from analysis.io.ratios_yaml import load_ratios_yaml, save_ratios_yaml
+from analysis.io.ratios_yaml import channel_prune_yaml, load_ratios_yaml
 from analysis.io.record import AnalysisRecord, load_record
 from analysis.io.results import ratios_path
 from analysis.io.sidecar import Sidecar
 from analysis.metrics import LABEL_FREE_METRICS
 from analysis.planning.estimates import estimate_notice
-from analysis.planning.export import export_pruned
 from analysis.planning.measured import PlanScoring, SearchSettings, build_measured_plan
 from analysis.planning.plan import Plan, build_plan, plan_from_ratios
 from analysis.planning.result import PlanResult
 from analysis.planning.verify import CalibrationCheck, check_calibration, verify_plan
-from analysis.runtimes.onnx_export import check_onnx, export_onnx, missing_modules
 from analysis.structure.physical import jointly_pruned_copy
+from analysis.workflow.export import write_export
 from analysis.workflow.latency import (
     MeasuredMethod,
     latency_runtime,
@@ -50,8 +47,6 @@ from analysis.workflow.latency import (
 logger = logging.getLogger(__name__)
 
 PLAN_YAML_SUFFIX = ".plan.yaml"
-EXPORTED_YAML = "channel_prune.yaml"
-ONNX_FILE = "pruned_model.onnx"
 
 
 def plan_path(analysis_file: str | Path) -> Path:
@@ -119,6 +114,7 @@ def _plan_step(
     analysis_file = Path(s.analysis_file)
     model, example = inputs.model, inputs.example_input
     targets = budgets(config)
+    plan_yaml: str | None = None  # the budget plan's ratios file, when there is a budget
     if ratios_file is None and targets:
         also = {measure: value for measure, value in targets.items() if measure in ("macs", "params")}
         method = None
@@ -150,13 +146,15 @@ def _plan_step(
         source = plan_path(analysis_file)
         reached = ", ".join(f"{m} reduced by >= {v:g} (exactly {plan.reduction_of(m):.4f})" for m, v in targets.items())
         note = f"Budget plan: {reached} with {how}; coupled params share their group's ratio."
-        save_ratios_yaml(source, plan.ratios, list(plan.ratios), plan.settings["criterion"], note=note)
+        text = channel_prune_yaml(plan.ratios, list(plan.ratios), plan.settings["criterion"], note=note)
+        plan_yaml, ratios_yaml = text, text.encode("utf-8")  # written once the export (if any) succeeded
         result = PlanResult(plan, source)
     else:
         source = Path(ratios_file) if ratios_file is not None else ratios_path(analysis_file)
         if ratios_file is None and not source.exists():
             raise ConfigError(f"No ratios to apply: {source} does not exist; set a budget or target_loss first.")
         plan = plan_from_ratios(model, example, record, load_ratios_yaml(source), source=str(source))
+        ratios_yaml = source.read_bytes()  # the export copies the file as it was read
         result = PlanResult(plan, None)
     result.estimates = estimate_notice(record)
     pruned, batchnorm = None, None
@@ -187,16 +185,10 @@ def _plan_step(
             "arch_kwargs": config.Global.arch_kwargs,
             "batchnorm": batchnorm or {"reestimated": False, "why": "no calibration images (Global.calib_list)"},
         }
-        if s.export_onnx:
-            with numerics("exact", example.device):
-                result.onnx_check = _export_onnx(pruned, example, inputs, Path(s.export_dir))
-            if result.onnx_check is not None:
-                extra["onnx"] = result.onnx_check.as_dict()
-        result.exported = export_pruned(pruned, model, s.export_dir, extra)
-        if result.onnx_check is not None:
-            result.exported["onnx"] = Path(s.export_dir) / result.onnx_check.file
-        shutil.copyfile(source, Path(s.export_dir) / EXPORTED_YAML)
-        result.exported["ratios"] = Path(s.export_dir) / EXPORTED_YAML
+        result.exported, result.onnx_check = write_export(s.export_dir, pruned, model, example, inputs.loader, extra,
+                                                          ratios_yaml, s.export_onnx)  # fmt: skip
+    if plan_yaml is not None:  # after the export: a failed export leaves the previous plan's file too
+        atomic_write_text(source, plan_yaml)
     _record(analysis_file, result)
     return result
 
@@ -248,26 +240,6 @@ def _baseline(inputs: Inputs, record: AnalysisRecord, progress: bool | None) -> 
         return dict(stored)
     logger.info("Evaluating the dense model (the analysis file's baseline is from other data).")
     return evaluate(inputs.model, inputs.loader, progress=progress, desc="dense").metrics()
-
-
-def _export_onnx(pruned: nn.Module, example: torch.Tensor, inputs: Inputs, folder: Path) -> OnnxCheck | None:
-    """Export the pruned model as ONNX beside the PyTorch files and check it against PyTorch on evaluation images;
-    None (with a notice) without the onnx extra."""
-    missing = missing_modules()
-    if missing:
-        logger.info(
-            "No ONNX export: %s not installed (pip install -e \".[onnx]\"; SensitivityAnalysis.export_onnx: false "
-            "silences this).", ", ".join(missing),
-        )  # fmt: skip
-        return None
-    path = folder / ONNX_FILE
-    exporter = export_onnx(pruned, example, path)
-    check = check_onnx(path, pruned, inputs.loader, exporter)
-    logger.info(
-        "ONNX export: %s (opset %d, %s exporter); ONNX Runtime equals PyTorch within %.2g on %d images (max "
-        "difference %.2g).", path, check.opset, check.exporter, check.tolerance, check.images, check.max_abs_diff,
-    )  # fmt: skip
-    return check
 
 
 def _record(analysis_file: Path, result: PlanResult) -> None:
