@@ -133,6 +133,8 @@ def test_an_argument_of_the_wrong_type_is_refused_by_name(case: str, model: nn.M
     error = refused(lambda: analysis_prune(**arguments), name, kind)
     if name == "pruned_ratios":
         assert "[0.3]" in str(error)  # what to pass instead
+    if name == "prune_params":
+        assert "['0.weight']" in str(error)  # not read as the names '0', '.', 'w', ...
 
 
 @pytest.mark.parametrize("result", ["0.5", None, [0.5], torch.ones(2)], ids=["str", "None", "list", "tensor"])

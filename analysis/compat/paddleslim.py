@@ -18,6 +18,7 @@ from analysis.errors import ConfigError, ModelError, first_line
 from analysis.inputs import arguments
 from analysis.inputs.batches import BatchCheck, ImageConversion, Labels, checked_batches, floating_dtype
 from analysis.inputs.device import model_device
+from analysis.inputs.numerics import numerics as forward_numerics  # the argument `numerics` is a mode name
 from analysis.io.fingerprint import json_fingerprint
 from analysis.metrics import LABEL_FREE_METRICS
 from analysis.structure.groups import eval_mode
@@ -226,11 +227,12 @@ def _function_evaluator(function: EvalFunction) -> Callable[[nn.Module], dict[st
 
 
 def _class_count(model: nn.Module, device: torch.device) -> Callable[[torch.Tensor], int]:
-    """How many classes the model predicts, from one of the data's images (labels must lie below it)."""
+    """How many classes the model predicts, from one of the data's images (labels must lie below it); run exact, as
+    tracing is, never under the caller's backend flags."""
 
     def count(images: torch.Tensor) -> int:
         try:
-            with eval_mode(model), torch.inference_mode():
+            with eval_mode(model), torch.inference_mode(), forward_numerics("exact", device):
                 logits = model(images[:1].to(device))
         except RuntimeError as error:  # the images do not fit the model: the user's data, not a bug
             raise ModelError(
