@@ -31,7 +31,9 @@ from torch import nn
 from analysis.config import SensitivityConfig, validate_section
 from analysis.early_stop import EarlyStop, early_stop_from
 from analysis.engine.settings import AnalysisData, EngineSettings
-from analysis.errors import ConfigError, did_you_mean
+from analysis.errors import ConfigError, ModelError, did_you_mean, first_line
+from analysis.inputs import arguments
+from analysis.inputs.batches import ImageConversion, floating_dtype
 from analysis.io.atomic import atomic_write_text
 from analysis.io.record import load_record
 from analysis.io.sidecar import VariantRecord
@@ -55,8 +57,9 @@ class SensitivityAnalysis:
 
     Args:
         model: The model ``val_func`` evaluates; pruned in place during :meth:`analysis` and restored bit-exactly.
-        val_func: Called as ``val_func(*val_args, **val_kwargs)``; returns the metric (higher or lower is better,
-            whatever it is). It must run ``model`` itself (typically ``val_args=[model]``).
+        val_func: Called as ``val_func(*val_args, **val_kwargs)``; returns the metric, a number (or a one-element
+            tensor; higher or lower is better, whatever it is). It must run ``model`` itself (typically
+            ``val_args=[model]``).
         sparsities: Fractions to prune, each in (0, 1); default ``0.1, 0.2, ..., 0.9``.
         prune_type: ``l1``, ``l2`` or ``fpgm`` filter ranking, or ``level`` for element-wise (magnitude) pruning of
             each 2D/4D weight (conv and linear layers).
@@ -65,14 +68,17 @@ class SensitivityAnalysis:
         early_stop_value: The threshold or allowed change for ``early_stop_mode``.
         dependency_aware: Remove filters with everything coupled to them (exact, default), or mask the conv's
             weight and bias alone as NNI did.
-        dummy_input: An input batch for tracing; by default the first batch ``val_func`` feeds the model is used.
+        dummy_input: An input batch for tracing (uint8 or other float dtypes converted as ``analysis_prune``'s
+            images); by default the first batch ``val_func`` feeds the model is used.
         analysis_file: Also keep the results in this analysis file (resumable, with its JSON sidecar); by default
             they live in a temporary file that is removed afterwards.
 
     Raises:
-        ConfigError: For an unknown ``prune_type``, or a setting the YAML refuses too (checked by
+        ConfigError: For an argument of the wrong type (``sparsities`` is a list: a bare number is refused), an
+            unknown ``prune_type``, or a setting the YAML refuses too (checked by
             :func:`analysis.config.validate_section`): sparsities outside (0, 1), an unknown early-stop mode or one
             without a value, an empty ``analysis_file``.
+        ModelError: If ``model`` is no ``nn.Module``.
     """
 
     def __init__(
@@ -87,13 +93,22 @@ class SensitivityAnalysis:
         dummy_input: torch.Tensor | None = None,
         analysis_file: str | Path | None = None,
     ) -> None:
+        model = arguments.module("model", model)
+        val_func = arguments.function("val_func", val_func)
+        ratios = arguments.optional(arguments.numbers, "sparsities", sparsities)
+        prune_type = arguments.text("prune_type", prune_type)
+        early_stop_mode = arguments.optional(arguments.text, "early_stop_mode", early_stop_mode)
+        early_stop_value = arguments.optional(arguments.number, "early_stop_value", early_stop_value)
+        dependency_aware = arguments.flag("dependency_aware", dependency_aware)
+        dummy_input = arguments.optional(arguments.tensor, "dummy_input", dummy_input)
+        analysis_file = arguments.optional(arguments.path, "analysis_file", analysis_file)
         if prune_type not in PRUNE_TYPES:
             hint = did_you_mean(prune_type, PRUNE_TYPES)
             raise ConfigError(f"prune_type must be one of {', '.join(PRUNE_TYPES)}, got '{prune_type}'{hint}.")
         self.element = prune_type == "level"
         self._section = SensitivityConfig(
             analysis_file=TEMPORARY_FILE if analysis_file is None else str(analysis_file),
-            pruned_ratios=list(DEFAULT_SPARSITIES if sparsities is None else sparsities),
+            pruned_ratios=list(DEFAULT_SPARSITIES) if ratios is None else ratios,
             criterion="l1_norm" if self.element else PRUNE_TYPES[prune_type],
             metric_mode="absolute",  # the metric may be anything (a loss, a baseline of 0): keep differences
             engine="reference",
@@ -102,6 +117,8 @@ class SensitivityAnalysis:
             early_stop_value=early_stop_value,
         )
         validate_section(self._section, prefix="", names=NNI_NAMES)  # the YAML's checks: both refuse the same
+        if dummy_input is not None:
+            dummy_input = ImageConversion("dummy_input", floating_dtype(model))(dummy_input)
         self.model = model
         self.val_func = val_func
         self.sparsities = self._section.pruned_ratios
@@ -131,8 +148,17 @@ class SensitivityAnalysis:
         return len(self.target_layer)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load new weights into the model before (another) :meth:`analysis`."""
-        self.model.load_state_dict(state_dict)
+        """Load new weights into the model before (another) :meth:`analysis`.
+
+        Raises:
+            ConfigError: For a ``state_dict`` that is no mapping (a dict).
+            ModelError: For a ``state_dict`` whose keys or shapes do not fit the model.
+        """
+        state_dict = arguments.mapping("state_dict", state_dict)
+        try:
+            self.model.load_state_dict(state_dict)
+        except RuntimeError as error:  # missing, unexpected or misshapen keys: the user's weights, not a bug
+            raise ModelError(f"state_dict does not fit the model: {first_line(error)}") from error
 
     def analysis(
         self,
@@ -143,21 +169,27 @@ class SensitivityAnalysis:
         """Prune each layer alone at each sparsity, call ``val_func``, and record what it returns.
 
         Args:
-            val_args: Positional arguments of ``val_func``.
-            val_kwargs: Keyword arguments of ``val_func``.
-            specified_layers: Module names to analyse (default: all targets).
+            val_args: Positional arguments of ``val_func`` (a list or tuple).
+            val_kwargs: Keyword arguments of ``val_func`` (a dict).
+            specified_layers: Module names to analyse, a list (default: all targets).
 
         Returns:
             ``{layer_name: {sparsity: metric}}`` in model order (also kept in :attr:`sensitivities`).
 
         Raises:
-            ConfigError: For a name in ``specified_layers`` that is not a target layer, or, in the exact mode, a
-                specified layer that cannot be pruned (with the reason).
+            ConfigError: For an argument of the wrong type (checked before ``val_func`` runs), a name in
+                ``specified_layers`` that is not a target layer, or, in the exact mode, a specified layer that cannot
+                be pruned (with the reason).
+            DataError: If ``val_func`` returns something other than a number.
         """
-        args, kwargs = list(val_args or []), dict(val_kwargs or {})
+        args = arguments.optional(arguments.items, "val_args", val_args) or []
+        kwargs = dict(arguments.optional(arguments.mapping, "val_kwargs", val_kwargs) or {})
+        if not all(isinstance(key, str) for key in kwargs):
+            raise ConfigError(f"val_kwargs must be a dict of keyword arguments (str keys), got keys {list(kwargs)}.")
+        specified_layers = arguments.optional(arguments.names, "specified_layers", specified_layers)
         layers = self._layers(specified_layers)
         with _first_input(self.model) as captured:
-            self.ori_metric = float(self.val_func(*args, **kwargs))
+            self.ori_metric = self._call(args, kwargs)
         logger.info("Baseline metric: %.6f", self.ori_metric)
         if self.dependency_aware:
             example = self.dummy_input if self.dummy_input is not None else captured.get("input")
@@ -220,9 +252,13 @@ class SensitivityAnalysis:
 
         def evaluate_model(candidate: nn.Module) -> dict[str, float]:
             with standing_in(self.model, candidate):
-                return {"score": float(self.val_func(*args, **kwargs))}
+                return {"score": self._call(args, kwargs)}
 
         return evaluate_model
+
+    def _call(self, args: list[Any], kwargs: dict[str, Any]) -> float:
+        """``val_func``'s metric, checked to be a number on every call."""
+        return arguments.score("val_func", self.val_func(*args, **kwargs))
 
     def _naive_layer(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> dict[float, float]:
         """NNI's rule: zero ``int(C * s)`` filters of the conv's weight and bias (or ``int(N * s)`` weights)."""
@@ -244,7 +280,7 @@ class SensitivityAnalysis:
                 if bias is not None:
                     slices.append((bias.data, filters))
             with zeroed(slices):
-                value = float(self.val_func(*args, **kwargs))
+                value = self._call(args, kwargs)
             curve[sparsity] = value
             logger.info("Layer: %s Sparsity: %.2f Validation Metric: %.4f", name, sparsity, value)
             if self.early_stop is not None and self.early_stop.tripped(float(self.ori_metric or 0.0), value):
@@ -254,6 +290,7 @@ class SensitivityAnalysis:
     def export(self, filepath: str | Path) -> None:
         """Write NNI's CSV: ``layername`` and the sparsities, then one row of metrics per analysed layer (rows of
         early-stopped layers are shorter, as in NNI)."""
+        filepath = arguments.path("filepath", filepath)
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(["layername", *[_sparsity_text(s) for s in self.sparsities]])

@@ -14,9 +14,14 @@ from analysis.config import NUMERICS_MODES, SensitivityConfig, check_choice, val
 from analysis.early_stop import early_stop_from
 from analysis.engine.evaluate import evaluate
 from analysis.engine.settings import AnalysisData, EngineSettings
-from analysis.errors import ConfigError
+from analysis.errors import ConfigError, ModelError, first_line
+from analysis.inputs import arguments
+from analysis.inputs.batches import BatchCheck, ImageConversion, Labels, checked_batches, floating_dtype
 from analysis.inputs.device import model_device
+from analysis.inputs.numerics import numerics as forward_numerics  # the argument `numerics` is a mode name
 from analysis.io.fingerprint import json_fingerprint
+from analysis.metrics import LABEL_FREE_METRICS
+from analysis.structure.groups import eval_mode
 from analysis.text import explain_target_loss
 from analysis.workflow.analyse import Selection, run_analysis
 
@@ -58,12 +63,21 @@ def analysis_prune(
     attention heads); writes the same files as ``run.py``.
 
     Args:
-        model: The classifier, analysed in eval mode on the device its parameters are on; its weights and its
-            modules' training flags are as before afterwards.
-        data: Either an iterable of ``(images, labels)`` batches (re-iterated for every variant, e.g. a
-            DataLoader or a list), or ``eval_function(model) -> float`` returning a score where higher is better.
-        analysis_file: The pickle to write; an existing one is resumed (same model, data and settings only).
-        pruned_ratios: Fractions of filters to remove, each strictly between 0 and 1.
+        model: The classifier (an ``nn.Module`` returning ``(batch, classes)`` logits), analysed in eval mode on the
+            device its parameters are on; its weights and its modules' training flags are as before afterwards.
+        data: Either batches or an eval function. Batches: an iterable of ``(images, labels)`` pairs (tuples or lists
+            of two tensors, as a DataLoader yields), re-iterated for every variant (a DataLoader or a list); a one-pass
+            iterator such as a generator is read once and its batches are kept in memory. Images have the batch
+            first, e.g. ``(batch, 3, height, width)``: floating-point (converted to the model's dtype if another), or
+            uint8 (divided by 255 into [0, 1], without normalisation); each conversion is logged once as a warning.
+            Labels are integer class indices of shape ``(batch,)`` within the model's classes. With the label-free
+            metrics (``agreement``, ``kl``) bare image tensors are batches too. A list is checked whole, any other
+            iterable batch by batch as it is read (its first batch before any work starts). Or
+            ``eval_function(model)`` returning a score where higher is better: a number (or a one-element tensor).
+        analysis_file: The pickle to write (a ``str`` or ``Path``); an existing one is resumed (same model, data and
+            settings only).
+        pruned_ratios: A list of fractions of filters to remove, each strictly between 0 and 1 (for one ratio pass
+            ``[0.3]``: a bare number is refused).
         target_loss: If given, derive per-layer ratios keeping each layer's relative loss under it.
         criterion: ``l1_norm``, ``l2_norm``, ``geometry_median`` or ``bn_scale``.
         prune_params: Conv weights to analyse (PyTorch parameter names); default all prunable ones.
@@ -89,8 +103,8 @@ def analysis_prune(
         round_to: Keep a multiple of this many channels in every pruned group (1: any count).
         adaptive_bn: Re-estimate the BatchNorm statistics the removal changes on ``calibration`` before evaluating
             each variant (EagleEye's adaptive BN).
-        calibration: Batches of calibration images (``(images, labels)``, labels unused), e.g. training images;
-            needed by ``adaptive_bn``.
+        calibration: Batches of calibration images (bare images or ``(images, labels)``, labels unused), e.g.
+            training images, with ``data``'s rules for images; needed by ``adaptive_bn``, checked whenever given.
         units: The kinds of unit analysed: ``conv`` (filters), ``linear`` (neurons of Linear layers not producing
             the logits), ``heads`` (attention heads, named ``<module>.heads``). Default: ``conv`` only, as
             PaddleSlim (with ``granularity: element``, every 2D/4D weight).
@@ -105,54 +119,72 @@ def analysis_prune(
         ``{param name: ratio}`` derived with ``target_loss`` (PaddleSlim's rule), or ``{}`` without one.
 
     Raises:
-        ConfigError: For invalid arguments (unknown criterion or metric, ratios outside (0, 1), unknown params).
+        ConfigError: For an argument of the wrong type, or an invalid setting (unknown criterion or metric, ratios
+            outside (0, 1), unknown params); the message names the argument.
+        DataError: For data or calibration batches that break the rules above, or an eval function returning no
+            number.
+        ModelError: If ``model`` is no ``nn.Module``, or it cannot run on the data's images.
     """
+    model = arguments.module("model", model)
     section = SensitivityConfig(
-        analysis_file=str(analysis_file), pruned_ratios=list(pruned_ratios), target_loss=target_loss,
-        criterion=criterion, prune_params_name=None if prune_params is None else list(prune_params), metric=metric,
-        metric_mode=metric_mode, group_reduction=group_reduction, engine=engine, precision=precision,
-        decision_error=decision_error, decision_precision=decision_precision, granularity=granularity,
-        units=None if units is None else list(units), early_stop_mode=early_stop_mode,
-        early_stop_value=early_stop_value, adaptive_bn=adaptive_bn, round_to=round_to,
-    )  # fmt: skip
+        analysis_file=str(arguments.path("analysis_file", analysis_file)),
+        pruned_ratios=arguments.numbers("pruned_ratios", pruned_ratios),
+        target_loss=arguments.optional(arguments.number, "target_loss", target_loss),
+        criterion=arguments.text("criterion", criterion),
+        prune_params_name=arguments.optional(arguments.names, "prune_params", prune_params),
+        metric=arguments.text("metric", metric),
+        metric_mode=arguments.text("metric_mode", metric_mode),
+        group_reduction=arguments.text("group_reduction", group_reduction),
+        engine=arguments.text("engine", engine),
+        precision=_precision(precision),
+        decision_error=arguments.number("decision_error", decision_error),
+        decision_precision=arguments.optional(arguments.number, "decision_precision", decision_precision),
+        granularity=arguments.text("granularity", granularity),
+        units=arguments.optional(arguments.names, "units", units),
+        early_stop_mode=arguments.optional(arguments.text, "early_stop_mode", early_stop_mode),
+        early_stop_value=arguments.optional(arguments.number, "early_stop_value", early_stop_value),
+        adaptive_bn=arguments.flag("adaptive_bn", adaptive_bn),
+        round_to=round_to,  # checked with the YAML's rule below
+    )
+    overwrite = arguments.flag("overwrite", overwrite)
+    progress = arguments.optional(arguments.flag, "progress", progress)
+    seed = arguments.integer("seed", seed)
+    check_choice("numerics", arguments.text("numerics", numerics), NUMERICS_MODES)
+    example_input = arguments.optional(arguments.tensor, "example_input", example_input)
     validate_section(section, prefix="")  # the YAML's own checks: both entries refuse the same settings
     ratios = section.pruned_ratios
+    prune_params, units = section.prune_params_name, section.units
     if units is None and granularity == "filter":
-        units = ("conv",)
+        units = ["conv"]
     early_stop = early_stop_from(early_stop_mode, early_stop_value)
     if adaptive_bn and calibration is None:
         raise ConfigError("adaptive_bn=True needs calibration batches: pass calibration=<batches of training images>.")
-    device = model_device(model)
+    device, dtype = model_device(model), floating_dtype(model)
+    if example_input is not None:
+        example_input = ImageConversion("example_input", dtype)(example_input)
     if callable(data):
         if example_input is None:
             raise ConfigError("example_input is required when data is an eval function (it is used for tracing).")
         evaluate_model, fingerprint, batches = _function_evaluator(data), None, None
         metric = section.metric = "score"  # the eval function's score, whatever ``metric`` said
     else:
-        batches = data
+        labels = Labels.OPTIONAL if metric in LABEL_FREE_METRICS else Labels.REQUIRED
+        checked = checked_batches(data, BatchCheck(ImageConversion("data", dtype), labels, _class_count(model, device)))
+        batches = checked.batches
 
         def evaluate_model(candidate: nn.Module) -> dict[str, float]:
             return evaluate(candidate, batches, device=device, progress=progress).metrics()
 
-        first = next(iter(batches), None)
-        if first is None:
-            raise ConfigError("data yields no batches; pass a non-empty iterable of (images, labels).")
-        first_images, first_labels = first
-        example_input = first_images if example_input is None else example_input
-        fingerprint = _batch_fingerprint(first_images, first_labels)
-    check_choice("numerics", numerics, NUMERICS_MODES)
+        example_input = checked.images if example_input is None else example_input
+        fingerprint = _batch_fingerprint(checked.images, checked.labels)
     settings = EngineSettings.from_section(
         section, seed=seed, numerics=numerics, progress=progress, early_stop=early_stop
     )
     calibration_fingerprint = None
-    if adaptive_bn:
-        assert calibration is not None
-        first_calibration = next(iter(calibration), None)
-        if first_calibration is None:
-            raise ConfigError("calibration yields no batches; pass a non-empty iterable of (images, labels).")
-        if isinstance(first_calibration, torch.Tensor):
-            first_calibration = (first_calibration, None)
-        calibration_fingerprint = _batch_fingerprint(*first_calibration[:2])
+    if calibration is not None:  # checked whenever given, used with adaptive_bn
+        calibrated = checked_batches(calibration, BatchCheck(ImageConversion("calibration", dtype), Labels.UNUSED))
+        calibration = calibrated.batches
+        calibration_fingerprint = _batch_fingerprint(calibrated.images, calibrated.labels) if adaptive_bn else None
     analysis_data = AnalysisData(
         evaluate=evaluate_model,
         example_input=example_input.to(device),
@@ -178,13 +210,40 @@ def analysis_prune(
     return outcome.ratios
 
 
+def _precision(value: object) -> float | str | None:
+    """``precision``: None, a number, or a word (``"decision"``; others are refused by the YAML's rule)."""
+    return value if value is None or isinstance(value, str) else arguments.number("precision", value)
+
+
 def _function_evaluator(function: EvalFunction) -> Callable[[nn.Module], dict[str, float]]:
+    """The eval function as an evaluator; what it returns is checked on every call (a number, or a UserError)."""
+
     def evaluate_model(candidate: nn.Module) -> dict[str, float]:
         with torch.inference_mode():
             score = function(candidate)
-        return {"score": float(score)}
+        return {"score": arguments.score("data (the eval function)", score)}
 
     return evaluate_model
+
+
+def _class_count(model: nn.Module, device: torch.device) -> Callable[[torch.Tensor], int]:
+    """How many classes the model predicts, from one of the data's images (labels must lie below it); run exact, as
+    tracing is, never under the caller's backend flags."""
+
+    def count(images: torch.Tensor) -> int:
+        try:
+            with eval_mode(model), torch.inference_mode(), forward_numerics("exact", device):
+                logits = model(images[:1].to(device))
+        except RuntimeError as error:  # the images do not fit the model: the user's data, not a bug
+            raise ModelError(
+                f"model cannot run on the images of data's batch 0 (shape {tuple(images.shape)}): {first_line(error)}; "
+                "check their size and channels."
+            ) from error
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+            raise ModelError(f"model must return (batch, classes) logits, got {arguments.described(logits)}.")
+        return int(logits.shape[1])
+
+    return count
 
 
 def _batch_fingerprint(images: torch.Tensor, labels: torch.Tensor | None) -> str:

@@ -23,8 +23,11 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
+from analysis.config import check_choice
 from analysis.engine.loss import divides_by_baseline
-from analysis.errors import AnalysisFileError, UserError, did_you_mean
+from analysis.errors import AnalysisFileError, ConfigError, UserError, did_you_mean
+from analysis.inputs import arguments
+from analysis.inputs.batches import ImageConversion, floating_dtype
 from analysis.io.fingerprint import model_fingerprint
 from analysis.io.record import AnalysisRecord, AnalysisSource, as_record
 from analysis.io.results import sidecar_path
@@ -277,24 +280,61 @@ def build_plan(
             the fingerprint.
         target: The reduction to reach, strictly between 0 and 1.
         measure: ``macs``, ``params`` or ``latency``.
-        latency: With ``latency``: the latency model the savings are predicted with.
-        also: Other budgets met at once, ``{measure: reduction}`` (e.g. ``{"params": 0.3}`` with a MACs target).
+        latency: With ``latency`` (and only then): the latency model the savings are predicted with.
+        also: Other budgets met at once, ``{measure: reduction}`` (e.g. ``{"params": 0.3}`` with a MACs target): each
+            key ``macs`` or ``params`` other than ``measure``, each reduction between 0 and 1.
 
     Raises:
         AnalysisFileError: If the file has no sidecar, was computed on other weights, or element-wise.
+        ConfigError: For an argument of the wrong type, an unknown ``measure``, or a bad ``also`` budget.
         UserError: If the target is outside (0, 1) or not reachable with the measured ratios.
     """
+    model = arguments.module("model", model)
+    example_input = ImageConversion("example_input", floating_dtype(model))(
+        arguments.tensor("example_input", example_input)
+    )
+    analysis = arguments.analysis_source("analysis", analysis)
+    target = arguments.number("target", target)
+    check_choice("measure", arguments.text("measure", measure), MEASURES)
+    if latency is not None and not isinstance(latency, LatencyModel):
+        raise arguments.refuse("latency", "a LatencyModel (with measure='latency') or None", latency)
+    if (measure == "latency") != (latency is not None):
+        raise ConfigError("latency (a LatencyModel) is given exactly with measure='latency'; pass both or neither.")
+    budgets = also_budgets(also, measure)
     if not 0.0 < target < 1.0:
         raise UserError(f"target_{measure}_reduction must be between 0 and 1 (0.4 = 40% fewer), got {target}.")
     record = as_record(analysis)
     with eval_mode(model):
         planner, options = open_planner(model, example_input, record, measure, latency)
-        for other, reduction in (also or {}).items():
+        for other, reduction in budgets.items():
             planner.require(other, reduction)
         allocation = planner.allocate(options, target)
         plan = planner.plan(options, allocation.choices, target, allocation.predicted_loss, allocation.lower_bound)
     plan.notice = summed_prediction_notice(record, plan.predicted_loss)
     return plan
+
+
+def also_budgets(also: object, measure: str) -> dict[str, float]:
+    """:func:`build_plan`'s ``also``: ``{measure: reduction}`` of other budgets (None: none), each key ``macs`` or
+    ``params`` other than the plan's own ``measure``, each reduction between 0 and 1.
+
+    Raises:
+        ConfigError: Naming ``also`` and the key at fault.
+    """
+    budgets: dict[str, float] = {}
+    allowed = [name for name in ("macs", "params") if name != measure]
+    for key, value in (arguments.optional(arguments.mapping, "also", also) or {}).items():
+        if key not in allowed:
+            hint = did_you_mean(key, allowed) if isinstance(key, str) else ""
+            raise ConfigError(
+                f"also's keys must be {' or '.join(map(repr, allowed))} (budgets besides measure='{measure}'), got "
+                f"{arguments.described(key)}{hint}."
+            )
+        reduction = arguments.number(f"also['{key}']", value)
+        if not (0.0 < reduction < 1.0):
+            raise ConfigError(f"also['{key}'] must be a reduction between 0 and 1 (0.3 = 30% fewer), got {reduction}.")
+        budgets[key] = reduction
+    return budgets
 
 
 def open_planner(

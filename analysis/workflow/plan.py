@@ -8,17 +8,19 @@ Run by ``run.py plan`` and ``run.py verify``, and after the main job when the co
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from analysis.config import Config
+from analysis.config import Config, load_config
 from analysis.engine.batchnorm import recalibrate_copy
 from analysis.engine.evaluate import evaluate
 from analysis.engine.fidelity import PassMetrics, fidelity_evaluator
 from analysis.errors import ConfigError
+from analysis.inputs import arguments
 from analysis.inputs.build import Inputs, build_inputs, needs_calibration
 from analysis.inputs.numerics import numerics
 from analysis.io import sidecar as schema
@@ -74,7 +76,7 @@ def wants_plan_step(config: Config) -> bool:
 
 
 def run_plan_step(
-    config: Config,
+    config: Config | str | os.PathLike[str],
     inputs: Inputs | None = None,
     progress: bool | None = None,
     ratios_file: str | Path | None = None,
@@ -90,19 +92,42 @@ def run_plan_step(
         result = run_plan_step(config)  # result.plan.ratios, result.verification, result.exported
 
     Args:
-        config: A loaded config whose analysis file exists (run the analysis first).
+        config: A loaded config (:func:`~analysis.config.load_config`), or the path of a YAML config to load without
+            overrides; its analysis file must exist (run the analysis first).
         inputs: The model and data built from ``config`` (built here when not given).
         progress: Progress bars (None: when stderr is a terminal).
         ratios_file: Apply this ratios YAML instead of planning a budget (``run.py verify --ratios``).
         record: The config's analysis file already read (:func:`~analysis.io.record.load_record`); read here once
             when not given. Every step below takes this record; only the plan's entry in the sidecar is written back.
+
+    Raises:
+        ConfigError: For an argument of the wrong type, a config file that does not exist or does not load.
     """
+    config = _config(config)
+    if inputs is not None and not isinstance(inputs, Inputs):
+        raise arguments.refuse("inputs", "an Inputs (build_inputs(config)) or None", inputs)
+    progress = arguments.optional(arguments.flag, "progress", progress)
+    ratios_file = arguments.optional(arguments.path, "ratios_file", ratios_file)
+    if record is not None and not isinstance(record, AnalysisRecord):
+        raise arguments.refuse("record", "an AnalysisRecord (load_record(analysis_file)) or None", record)
     s = config.SensitivityAnalysis
     assert s.analysis_file is not None
     record = record if record is not None else load_record(s.analysis_file)
     inputs = inputs or build_inputs(config, progress, calibration=needs_calibration(config))
     with numerics(config.Global.numerics, inputs.example_input.device):
         return _plan_step(config, inputs, progress, ratios_file, record)
+
+
+def _config(config: object) -> Config:
+    """``run_plan_step``'s ``config``: a :class:`~analysis.config.Config`, or a YAML file's path, loaded."""
+    if isinstance(config, Config):
+        return config
+    if not isinstance(config, (str, os.PathLike)):
+        raise arguments.refuse("config", "a Config (load_config(path)) or the path of a YAML config", config)
+    path = Path(arguments.path("config", config))
+    if not path.is_file():
+        raise ConfigError(f"config: {path} is not a file; pass the path of a YAML config, or a Config (load_config).")
+    return load_config(path)
 
 
 def _plan_step(
