@@ -299,7 +299,7 @@ MODEL_CODE = """
 import torch
 
 
-def build(num_classes=10, broken=""):
+def build(num_classes=10, broken="") -> torch.nn.Module:
     if broken == "type":
         return helper(None)
     if broken == "value":
@@ -1420,7 +1420,7 @@ class SvdHead(nn.Sequential):
         return logits + 0 * torch.linalg.svdvals(logits).sum()
 
 
-def build(num_classes=10):
+def build(num_classes=10) -> torch.nn.Module:
     return SvdHead(*tiny_models.tiny_cnn(num_classes))
 '''
 
