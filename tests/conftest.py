@@ -14,6 +14,12 @@ from helpers import CliResult, run_cli, write_images
 
 _passed = 0
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Under pytest-xdist each worker gets one thread (and so do the processes tests start), so that N workers on N
+    # cores do not oversubscribe them.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Count passed tests, so that a run in which nothing passed cannot look green."""
