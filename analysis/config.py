@@ -53,6 +53,8 @@ NUMERICS_MODES = ("exact", "tf32", "bf16")
 ENGINES = ("fast", "reference")
 LATENCY_RUNTIMES = ("auto", "torch", "onnxruntime", "command")
 LATENCY_TABLES = ("model", "layers")
+GRAPH_OPTIMIZATIONS = ("disable", "basic", "extended", "all")
+ONNX_EXPORTERS = ("torchscript", "dynamo")
 METRIC_MODES = ("relative", "absolute")
 GRANULARITIES = ("filter", "element")
 UNIT_KINDS = ("conv", "linear", "heads")
@@ -399,6 +401,47 @@ class SensitivityConfig:
         None,
         doc="a regular expression with one group that picks the latency from the command's output instead",
     )
+    runtime_threads: int = setting(
+        0,
+        doc="threads one inference may use where latency is measured: ONNX Runtime's intra-op threads, torch's "
+        "`set_num_threads` while timing; `0` keeps the runtime's own default (ONNX Runtime: one per physical core; "
+        "torch: its current count, `OMP_NUM_THREADS`)",
+    )
+    runtime_inter_op_threads: int = setting(
+        0, doc="ONNX Runtime's inter-op threads (independent branches of the graph run in parallel); `0`: its default"
+    )
+    runtime_graph_optimization: str = setting(
+        "all",
+        doc="ONNX Runtime's graph optimisation level: `disable`, `basic`, `extended` or `all` (its own default)",
+    )
+    runtime_provider: str = setting(
+        "auto",
+        doc="ONNX Runtime's execution provider, e.g. `CPUExecutionProvider`, `CUDAExecutionProvider`, "
+        "`TensorrtExecutionProvider`, `OpenVINOExecutionProvider` (installed ones only); `auto`: CUDA's when the "
+        "analysis runs on a GPU and it is installed, else the CPU's",
+    )
+    runtime_cudnn_benchmark: bool = setting(
+        True,
+        doc="torch on CUDA: time with cuDNN's benchmark mode, which picks the fastest kernels as deployments turn it "
+        "on (the analysis itself runs with exact, deterministic flags)",
+    )
+    runtime_tf32: bool = setting(
+        True,
+        doc="torch on CUDA: allow TF32 in convolutions and matmuls while timing (Ampere and later), as a deployment "
+        "with `torch.backends.cudnn.allow_tf32` and `torch.backends.cuda.matmul.allow_tf32` runs",
+    )
+    latency_tolerance: float = setting(
+        0.05,
+        doc="how far apart the dense model's timings around a measurement may be (a fraction of its latency) before "
+        "the machine counts as too noisy: the measurement is repeated a few times, then reported as too noisy "
+        "instead of judged (see [Planning for latency](../latency.md))",
+    )
+    onnx_exporter: str = setting(
+        "torchscript",
+        doc="the exporter tried first for every ONNX file, the shipped `pruned_model.onnx` and the latency probes "
+        "alike, so the runtime times what is deployed: `torchscript` (fast, about 0.8 s a MobileNetV2) or `dynamo` "
+        "(torch.export, about 20 s); the other is tried when it fails",
+    )
     plan_method: str = setting(
         "knapsack",
         doc="`knapsack`: the smallest summed single-layer loss; `measured`: start there and improve with joint "
@@ -734,6 +777,18 @@ def validate_latency(s: SensitivityConfig) -> None:
         )
     if s.latency_batch < 1:
         raise ConfigError(f"SensitivityAnalysis.latency_batch must be a positive batch size, got {s.latency_batch}.")
+    for key in ("runtime_threads", "runtime_inter_op_threads"):
+        value = getattr(s, key)
+        if not 0 <= value <= 1024:
+            raise ConfigError(f"SensitivityAnalysis.{key} must be a thread count from 0 (the runtime's default) to "
+                              f"1024, got {value}.")  # fmt: skip
+    check_choice("SensitivityAnalysis.runtime_graph_optimization", s.runtime_graph_optimization, GRAPH_OPTIMIZATIONS)
+    check_choice("SensitivityAnalysis.onnx_exporter", s.onnx_exporter, ONNX_EXPORTERS)
+    if not s.runtime_provider.strip():
+        raise ConfigError("SensitivityAnalysis.runtime_provider is empty; name an execution provider or use auto.")
+    if not (0 < s.latency_tolerance < 1 and math.isfinite(s.latency_tolerance)):
+        raise ConfigError(f"SensitivityAnalysis.latency_tolerance must be a fraction between 0 and 1, got "
+                          f"{s.latency_tolerance}.")  # fmt: skip
     if s.runtime_command is not None:  # checked now, not when the first probe runs after the analysis
         CommandTemplate.parse(s.runtime_command, "SensitivityAnalysis.runtime_command")
     if s.runtime_pattern is not None:
@@ -746,14 +801,34 @@ LATENCY_FLAGS = {
     "latency_batch": "--latency_batch",
     "runtime_command": "--runtime_command",
     "runtime_pattern": None,
+    "runtime_threads": None,
+    "runtime_inter_op_threads": None,
+    "runtime_graph_optimization": None,
+    "runtime_provider": None,
+    "runtime_cudnn_benchmark": None,
+    "runtime_tf32": None,
+    "latency_tolerance": None,
 }
 """The latency settings, with the ``run.py plan`` flag that gives each (None: an override only)."""
 
 
+RUNTIME_KEYS = {
+    "runtime_command": ("command",),
+    "runtime_pattern": ("command",),
+    "runtime_threads": ("torch", "onnxruntime", "auto"),
+    "runtime_inter_op_threads": ("onnxruntime", "auto"),
+    "runtime_graph_optimization": ("onnxruntime", "auto"),
+    "runtime_provider": ("onnxruntime", "auto"),
+    "runtime_cudnn_benchmark": ("torch", "auto"),
+    "runtime_tf32": ("torch", "auto"),
+}
+"""The settings of one runtime, with the ``latency_runtime`` values that use them (``auto`` may be either)."""
+
+
 def unused_latency_settings(config: Config) -> dict[str, str]:
     """The latency settings ``config`` sets that nothing would use, with why: the table's kind without a latency
-    target; the runtime and its batch when nothing is timed (no latency target, no ``verify`` timing on a runtime);
-    the command and its pattern on a runtime other than ``command``."""
+    target; the runtime, its batch and settings when nothing is timed (no latency target, no ``verify`` timing on a
+    runtime); a runtime's own settings (:data:`RUNTIME_KEYS`) on another runtime."""
     s = config.SensitivityAnalysis
     target = s.target_latency_reduction is not None or s.target_latency_ms is not None
     timed = target or (s.verify and runtime_timed_by_verify(config))
@@ -762,10 +837,12 @@ def unused_latency_settings(config: Config) -> dict[str, str]:
         reasons["latency_table"] = "a table is measured only for target_latency_reduction or target_latency_ms"
     if not timed:
         why = "nothing is timed: there is no latency target, and verify times the plan only on a named runtime"
-        reasons.update(latency_runtime=why, latency_batch=why, runtime_command=why, runtime_pattern=why)
-    elif s.latency_runtime != "command":
-        why = f"it applies only to latency_runtime: command, and the runtime is {s.latency_runtime}"
-        reasons.update(runtime_command=why, runtime_pattern=why)
+        reasons.update(dict.fromkeys(("latency_runtime", "latency_batch", "latency_tolerance", *RUNTIME_KEYS), why))
+    else:
+        for key, runtimes in RUNTIME_KEYS.items():
+            if s.latency_runtime not in runtimes:
+                names = " or ".join(name for name in runtimes if name != "auto")
+                reasons[key] = f"it applies only to latency_runtime: {names}, and the runtime is {s.latency_runtime}"
     given = set(config.explicit_keys)
     return {key: why for key, why in reasons.items() if f"SensitivityAnalysis.{key}" in given}
 

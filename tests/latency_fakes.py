@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -28,8 +29,18 @@ class MacsRuntime(Runtime):
     ) -> None:
         self.example, self.misaligned_ms, self.fail_after, self.power = example, misaligned_ms, fail_after, power
         self.calls = 0
+        self._known: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, ...] | None, float]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def latency_of(self, model: nn.Module, sample_shape: Sequence[int] | None = None) -> float:
+        key = None if sample_shape is None else tuple(sample_shape)
+        known = self._known.setdefault(model, {})
+        if key not in known:  # a model is timed many times (between the probes): count its MACs once
+            known[key] = self._latency_of(model, sample_shape)
+        return known[key]
+
+    def _latency_of(self, model: nn.Module, sample_shape: Sequence[int] | None) -> float:
         sample = self.example[:1] if sample_shape is None else torch.zeros(1, *sample_shape)
         macs = count_cost(model, sample).macs
         convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
@@ -49,20 +60,14 @@ def analysed(model: nn.Module, path: Path) -> Path:
     return path
 
 
-class PhasedRuntime(MacsRuntime):
-    """:class:`MacsRuntime` on a machine whose speed changes (as other jobs come and go) each time one of the
-    ``markers`` (by ``repr`` and input shape) is measured, and stays put until the next: latency times 1, then 0.6
-    and 1.8 in turn. A table that takes savings relative to a reference measured just before them is unaffected."""
+class DisturbedRuntime(MacsRuntime):
+    """:class:`MacsRuntime` on a busy machine: each call's latency is the steady one times ``speed(call number)``
+    (a drift, one slow call, random noise...), the call number counting from 1."""
 
-    FACTORS = (1.0, 1.8, 0.6)
-
-    def __init__(self, example: torch.Tensor, markers: set[str]) -> None:
-        super().__init__(example)
-        self.markers, self.phase = markers, 0
+    def __init__(self, example: torch.Tensor, speed: Callable[[int], float], power: float = 1.0) -> None:
+        super().__init__(example, power=power)
+        self.speed = speed
 
     def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
-        if f"{model!r} @ {tuple(sample_shape)}" in self.markers:
-            self.phase += 1
         steady = super().measure(model, sample_shape, batch)
-        factor = self.FACTORS[0] if self.phase == 0 else self.FACTORS[1 + self.phase % 2]
-        return Latency(steady.runtime, steady.device, batch, steady.median_ms * factor, 0.0, 1)
+        return Latency(steady.runtime, steady.device, batch, steady.median_ms * self.speed(self.calls), 0.0, 1)

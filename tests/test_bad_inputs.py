@@ -44,8 +44,8 @@ from analysis.io.results import load_sensitivities, load_sidecar
 from analysis.io.search_log import SearchLog, search_log_path
 from analysis.planning.measured import PlanScoring, SearchSettings, build_measured_plan
 from analysis.planning.plan import Plan, Planner, open_planner
+from analysis.planning.probes import measure_table, open_table, table_key
 from analysis.planning.ratios import get_ratios_by_loss
-from analysis.runtimes.probes import measure_table, open_table, table_key
 from analysis.runtimes.runtime import CommandRuntime, Runtime, TorchRuntime
 from analysis.workflow import plan as plan_workflow
 

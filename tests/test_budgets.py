@@ -20,13 +20,13 @@ from analysis.errors import UserError
 from analysis.io.record import load_record
 from analysis.io.results import load_sidecar
 from analysis.planning.allocate import BudgetUnreachable, Choice, Constraint, GroupOptions, allocate, allocate_all
+from analysis.planning.latency_plan import MeasuredMethod, plan_for_latency
 from analysis.planning.measured import PlanScoring, SearchSettings, build_measured_plan
 from analysis.planning.plan import build_plan
 from analysis.runtimes.runtime import Runtime
 from analysis.runtimes.timing import Latency
 from analysis.structure.flops import count_cost
 from analysis.structure.physical import jointly_pruned_copy
-from analysis.workflow.latency import MeasuredMethod, plan_for_latency
 
 from helpers import CliResult, analysis_config, batches, calibration_batches, pseudo_labelled, randomize
 from tiny_models import tiny_resnet

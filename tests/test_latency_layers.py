@@ -15,15 +15,15 @@ from torch import nn
 from analysis.io.latency_table import LatencyTable, load_table, save_table
 from analysis.io.record import load_record
 from analysis.io.results import load_sidecar
+from analysis.planning.latency_plan import plan_for_latency
+from analysis.planning.layer_table import JointLayerSavings, changed_layers, layer_calls, measure_layer_table
 from analysis.planning.plan import Planner, open_planner
-from analysis.runtimes.layers import JointLayerSavings, changed_layers, layer_calls, measure_layer_table
-from analysis.runtimes.probes import measure_table, table_key
+from analysis.planning.probes import measure_table, table_key
 from analysis.runtimes.timing import Latency
 from analysis.structure.criteria import allowed_counts
 from analysis.structure.groups import eval_mode
 from analysis.structure.physical import jointly_pruned_copy
 from analysis.workflow import plan as plan_workflow
-from analysis.workflow.latency import plan_for_latency
 
 import tiny_models
 from helpers import CliResult, analysis_config, batches, randomize
@@ -187,14 +187,14 @@ def test_a_layer_table_plan_is_predicted_with_its_interactions(setting: Any) -> 
     plan = plan_for_latency(model, example, load_record(path), MacsRuntime(example), reduction=0.7, table="layers")
     assert plan.latency is not None
     first = plan.latency.attempts[0]
-    assert first["predicted_ms"] == pytest.approx(first["measured_ms"], rel=1e-9)
+    assert first.predicted_ms == pytest.approx(first.measured_ms, rel=1e-9)
     table_file = Path(plan.latency.table_file)
     table = load_table(table_file, json.loads(table_file.read_text())["key"])
     picks = {group.members[0]: len(group.removed) for group in plan.groups}
     summed = table.dense_ms - sum(table.saving(g, c) for g, c in picks.items())
     assert summed < plan.latency.measured_ms * 0.99
     # the whole-plan prediction said the knapsack's first plans missed: raised before measuring, one plan measured
-    assert len(plan.latency.attempts) == 1 and plan.latency.met and first["target_reduction"] > 0.7
+    assert len(plan.latency.attempts) == 1 and plan.latency.met and first.target_reduction > 0.7
 
 
 def test_a_table_file_without_layers_loads_and_a_model_table_writes_none(tmp_path: Path) -> None:

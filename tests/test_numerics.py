@@ -297,9 +297,9 @@ def test_verify_runs_in_the_mode_but_times_latency_in_float32(
 
     timed: list[bool] = []
     evaluated: list[bool] = []
-    real_latency, real_measure = verify.median_latency_ms, verify.measure_pruned
+    real_latency, real_measure = verify.eager_latency, verify.measure_pruned
 
-    def latency(*args: object, **kwargs: object) -> float:
+    def latency(*args: object, **kwargs: object) -> object:
         timed.append(torch.is_autocast_enabled("cpu"))
         return real_latency(*args, **kwargs)  # type: ignore[arg-type]
 
@@ -307,7 +307,7 @@ def test_verify_runs_in_the_mode_but_times_latency_in_float32(
         evaluated.append(torch.is_autocast_enabled("cpu"))
         return real_measure(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(verify, "median_latency_ms", latency)
+    monkeypatch.setattr(verify, "eager_latency", latency)
     monkeypatch.setattr(verify, "measure_pruned", measure)
     data_dir = tmp_path / "data"
     write_images(data_dir, "list", [0, 1, 2, 0, 1, 2])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import onnxruntime
@@ -14,8 +13,8 @@ from torch import nn
 from analysis.errors import ConfigError, UserError
 from analysis.runtimes import timing
 from analysis.runtimes.onnx_export import TOLERANCE, check_onnx, export_onnx, failed_operator
-from analysis.runtimes.runtime import CommandRuntime, OnnxRuntime, Runtime, TorchRuntime, make_runtime, measure_pair
-from analysis.runtimes.timing import Latency, TimingPlan, time_calls
+from analysis.runtimes.runtime import CommandRuntime, OnnxRuntime, TorchRuntime, make_runtime
+from analysis.runtimes.timing import TimingPlan, time_calls
 
 import tiny_models
 from helpers import randomize
@@ -181,30 +180,3 @@ def test_failed_operator_reads_the_exporters_messages() -> None:
     outer.__cause__ = inner
     assert failed_operator(outer) == "operator aten::roll is not supported"
     assert failed_operator(ValueError("shape mismatch\nmore")) == "ValueError: shape mismatch"
-
-
-class DriftingRuntime(Runtime):
-    """Each call 10% slower than the one before; records which model it measured."""
-
-    name, device = "fake", "fake device"
-
-    def __init__(self) -> None:
-        self.order: list[str] = []
-
-    def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
-        self.order.append(model.tag)
-        ms = {"a": 10.0, "b": 5.0}[model.tag] * 1.1 ** (len(self.order) - 1)
-        return Latency(self.name, self.device, batch, ms, 0.0, 1)
-
-
-def tagged(tag: str) -> nn.Module:
-    module = nn.Identity()
-    module.tag = tag
-    return module
-
-
-def test_a_pair_is_measured_in_alternating_order_and_keeps_each_lowest() -> None:
-    runtime = DriftingRuntime()
-    first, second = measure_pair(runtime, tagged("a"), tagged("b"), (3, 8, 8), 1)
-    assert runtime.order == ["a", "b", "b", "a"]  # a steady drift hits both alike
-    assert (first, second) == (10.0, pytest.approx(5.0 * 1.1))

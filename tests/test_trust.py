@@ -29,7 +29,7 @@ def demo(cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch, tmp_pat
     """Run a command on the demo ResNet (one param analysed at 0.5 on 50 images; no latency timing, which these
     tests do not check and which dominates their time)."""
     monkeypatch.chdir(REPO)
-    monkeypatch.setattr(verify, "median_latency_ms", lambda *args: 1.0)
+    monkeypatch.setattr(verify, "eager_latency", lambda *args: {"dense": 1.0, "pruned": 1.0})
     analysis = [f"SensitivityAnalysis.analysis_file={tmp_path / 's.pkl'}", "Global.max_samples=50",
                 f"SensitivityAnalysis.prune_params_name=[{PARAM}]", "SensitivityAnalysis.pruned_ratios=[0.5]",
                 "SensitivityAnalysis.report=false"]  # fmt: skip

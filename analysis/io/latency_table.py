@@ -5,7 +5,7 @@ the latency of each conv/linear layer shape it measured (its probes are the dens
 
 The file ``<analysis file>.latency-<key hash>.json`` holds one table; its ``key`` (everything the numbers depend on:
 the runtime's settings, host, input shape, batch size, model fingerprint, and ``table: layers`` for a layer-level
-table; see :func:`analysis.runtimes.probes.table_key`) must match, else the file belongs to another setting and is not
+table; see :func:`analysis.planning.probes.table_key`) must match, else the file belongs to another setting and is not
 read. A file with the key is checked entry by entry when read (:func:`load_table`), so a damaged or hand-edited table
 is refused by name instead of planned with.
 """
@@ -37,8 +37,11 @@ class LatencyTable:
         probes: ``{group key: {channels removed: latency ms}}`` with only that group pruned.
         layers: ``{layer shape: latency ms}`` of single layers (a layer-level table only; empty otherwise).
         references: Per probe (``group@count``, :func:`probe_id`) or pruned layer shape, ``(what, ms)``: the unpruned
-            model (``model``) or layer shape measured just before it. Savings are taken relative to it, so a machine
-            that slows down or speeds up during the build (other jobs) does not turn into savings.
+            model (``model``: the mean of its timings just before and just after the probe) or the layer shape
+            measured just before it. Savings are taken relative to it, so a machine that slows down or speeds up
+            during the build (other jobs) does not turn into savings.
+        spreads: Per probe, the noise of its saving in ms: how far apart the dense timings around it were. A probe
+            whose saving is within it (:meth:`within_noise`) was measured again, and is counted in the build's log.
     """
 
     key: dict[str, Any]
@@ -46,6 +49,7 @@ class LatencyTable:
     probes: dict[str, dict[int, float]] = field(default_factory=dict)
     layers: dict[str, float] = field(default_factory=dict)
     references: dict[str, tuple[str, float]] = field(default_factory=dict)
+    spreads: dict[str, float] = field(default_factory=dict)
 
     def measured(self, group: str, count: int) -> bool:
         """Whether the probe of ``group`` at ``count`` is in the table."""
@@ -69,6 +73,20 @@ class LatencyTable:
         return relative_saving(self.dense_ms, self.probes[group][count], self.references.get(probe_id(group, count)),
                                "model")  # fmt: skip
 
+    def spread(self, group: str, count: int) -> float | None:
+        """The noise (ms, on the table's dense latency) of the saving of ``group`` at ``count``; None when the probe
+        recorded none (a layer-level table's, or a probe of an older build)."""
+        spread = self.spreads.get(probe_id(group, count))
+        reference = self.references.get(probe_id(group, count))
+        if spread is None or self.dense_ms is None or reference is None:
+            return None
+        return spread * self.dense_ms / reference[1]
+
+    def within_noise(self, group: str, count: int) -> bool:
+        """Whether the probe of ``group`` at ``count`` saved no more (or lost no more) than its noise."""
+        spread = self.spread(group, count)
+        return spread is not None and abs(self.probe_saving(group, count)) <= spread
+
     def layer_saving(self, dense: str, pruned: str) -> float:
         """What pruning the layer of shape ``dense`` to shape ``pruned`` saves, relative to ``dense`` measured just
         before ``pruned`` when it was (else the plain difference)."""
@@ -85,6 +103,8 @@ class LatencyTable:
             data["layers"] = dict(self.layers)
         if self.references:
             data["references"] = {name: list(reference) for name, reference in self.references.items()}
+        if self.spreads:
+            data["spreads"] = dict(self.spreads)
         return data
 
 
@@ -145,7 +165,9 @@ def load_table(path: Path, key: dict[str, Any], known: Mapping[str, range] | Non
         }
     stored = reader.section(data, "references")
     references = {name: reader.reference(name, reference, layers) for name, reference in stored.items()}
-    return LatencyTable(dict(key), None if dense is None else reader.ms(dense, "dense_ms"), probes, layers, references)
+    spreads = {name: reader.spread(name, value, references) for name, value in reader.section(data, "spreads").items()}
+    dense_ms = None if dense is None else reader.ms(dense, "dense_ms")
+    return LatencyTable(dict(key), dense_ms, probes, layers, references, spreads)
 
 
 LAYER_TABLE = "layers"
@@ -206,6 +228,15 @@ class _Reader:
         else:
             self.count(self.group(group, where), count, where)
         return what, self.ms(ms, f"{where}[1]")
+
+    def spread(self, name: str, value: Any, references: Mapping[str, tuple[str, float]]) -> float:
+        """A probe's noise: a finite number of ms, 0 or more, of a probe with a reference."""
+        where = f"spreads[{_quoted(name)}]"
+        if name not in references:
+            raise self.bad(where, "names no probe of this table")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and value >= 0):
+            raise self.bad(where, f"is {_shown(value)}, not a finite number of ms, 0 or more")
+        return float(value)
 
     def bad(self, where: str, problem: str) -> AnalysisFileError:
         return _damaged(self.path, f"{where} {problem}")

@@ -608,6 +608,13 @@ class RuntimeLatencyRecord(_Record):
     dense_ms: float | None = None
     pruned_ms: float | None = None
     predicted_ms: float | None = None
+    # written since each measurement is bracketed by dense timings: the median reduction, its interval over the
+    # timings, how far apart the dense timings were, whether that was within the tolerance, the runtime's settings
+    reduction: float | None = None
+    interval: list[float] | None = None
+    drift: float | None = None
+    steady: bool | None = None
+    settings: dict[str, Any] | None = None
 
 
 @dataclass(kw_only=True)

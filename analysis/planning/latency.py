@@ -4,11 +4,16 @@ earlier plans showed (the savings of groups pruned together are not exactly addi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
+
+from torch import nn
 
 from analysis.io.latency_table import LatencyTable
+from analysis.runtimes.compare import TOLERANCE, Bracketed
+from analysis.runtimes.runtime import Prepared
+from analysis.runtimes.timing import Latency
 
 SCALE_RANGE = (0.05, 2.0)
 """Bounds of the fitted scale: a measurement can shrink the predicted savings a lot, never erase or explode them."""
@@ -27,7 +32,7 @@ class LatencyModel:
     scale: float = 1.0
     joint: Callable[[Mapping[str, int]], float] | None = None
     """What a whole plan saves unscaled, with the groups' interactions (a layer-level table's
-    :class:`~analysis.runtimes.layers.JointLayerSavings`); None: the sum of the groups' savings alone."""
+    :class:`~analysis.planning.layer_table.JointLayerSavings`); None: the sum of the groups' savings alone."""
 
     @property
     def dense_ms(self) -> float:
@@ -64,6 +69,70 @@ class LatencyModel:
         return replace(self, scale=min(high, max(low, (self.dense_ms - measured_ms) / unscaled)))
 
 
+class LatencyRuntime(Protocol):
+    """What the latency planner needs of a runtime (:class:`analysis.runtimes.runtime.Runtime` implements it; tests
+    pass fakes): a name, where it runs, its settings, and models prepared to be timed."""
+
+    name: str
+    device: str
+
+    def prepare(self, model: nn.Module, sample_shape: Sequence[int]) -> Prepared:
+        """``model`` ready to be timed on inputs of ``sample_shape``."""
+        ...
+
+    def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:
+        """One latency of ``model``."""
+        ...
+
+    def settings(self) -> dict[str, object]:
+        """What its latencies depend on (the table's key, the sidecar)."""
+        ...
+
+
+VERDICTS = ("met", "missed", "noisy")
+"""A latency plan's verdict: its measured interval's worse end meets the goal; it does not; or the dense timings
+around it disagreed beyond the tolerance in every try, so the machine was too noisy to judge it."""
+
+
+@dataclass(frozen=True)
+class LatencyAttempt:
+    """One plan measured end to end against the dense model (:func:`~analysis.runtimes.compare.bracket`).
+
+    Attributes:
+        target_reduction: The reduction of the table's dense latency the plan was made for.
+        predicted_reduction: How much faster the latency model predicted the plan.
+        measured: The plan timed between timings of the dense model.
+        scale: The latency model's scale when the plan was made.
+    """
+
+    target_reduction: float
+    predicted_reduction: float
+    measured: Bracketed
+    scale: float
+
+    @property
+    def dense_ms(self) -> float:
+        """The dense model measured beside the plan (median)."""
+        return self.measured.dense_median
+
+    @property
+    def measured_ms(self) -> float:
+        """The plan's measured latency (median)."""
+        return self.measured.candidate_median
+
+    @property
+    def predicted_ms(self) -> float:
+        """The predicted latency on the same baseline as the measurement: the dense model measured beside it."""
+        return self.dense_ms * (1.0 - self.predicted_reduction)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"target_reduction": round(self.target_reduction, 6),
+                "predicted_reduction": round(self.predicted_reduction, 6), "predicted_ms": round(self.predicted_ms, 4),
+                "measured_ms": self.measured_ms, "dense_ms": self.dense_ms, "scale": self.scale,
+                "measured": self.measured.as_dict()}  # fmt: skip
+
+
 @dataclass
 class LatencyOutcome:
     """What a latency plan predicted and measured, per attempt (a missed budget corrects the model and plans again).
@@ -74,13 +143,15 @@ class LatencyOutcome:
         batch: Images per call.
         dense_ms: The unpruned model's latency (the table's).
         goal_ms: The latency the plan must reach (from the table's dense latency, for a reduction).
-        attempts: Per attempt: its target reduction, predicted and measured latency, the dense model measured
-            beside it (``dense_ms``), and the model's scale.
-        goal_reduction: The reduction asked for (None for an absolute goal): met when the plan measures that much
-            below the dense model measured beside it, so a machine that got slower or faster since the table was
-            measured does not decide it.
+        attempts: The plans measured, in order; the last is the chosen one.
+        goal_reduction: The reduction asked for (None for an absolute goal): met when the plan's measured interval is
+            at least that much below the dense model measured around it, so a machine that got slower or faster
+            since the table was measured does not decide it.
         table_file: The cached latency table.
         table_seconds: Time spent measuring the table in this run.
+        tolerance: Largest drift of the dense timings around a verdict (``latency_tolerance``).
+        settings: The runtime's settings (threads, provider, exporter...), as the table's key holds them.
+        largest: The largest plan the analysed ratios allow, measured when no plan reached the goal.
     """
 
     runtime: str
@@ -88,39 +159,74 @@ class LatencyOutcome:
     batch: int
     dense_ms: float
     goal_ms: float
-    attempts: list[dict[str, float]] = field(default_factory=list)
+    attempts: list[LatencyAttempt] = field(default_factory=list)
     table_file: str = ""
     table_seconds: float = 0.0
     goal_reduction: float | None = None
+    tolerance: float = TOLERANCE
+    settings: dict[str, object] = field(default_factory=dict)
+    largest: Bracketed | None = None
+
+    @property
+    def last(self) -> LatencyAttempt:
+        """The chosen plan's attempt."""
+        return self.attempts[-1]
 
     @property
     def measured_ms(self) -> float:
-        """The chosen plan's measured latency (the last attempt's)."""
-        return self.attempts[-1]["measured_ms"]
+        """The chosen plan's measured latency."""
+        return self.last.measured_ms
 
     @property
     def predicted_ms(self) -> float:
-        """The chosen plan's predicted latency."""
-        return self.attempts[-1]["predicted_ms"]
+        """The chosen plan's predicted latency, on the dense model measured beside it."""
+        return self.last.predicted_ms
 
     @property
     def measured_reduction(self) -> float:
-        """How much faster the chosen plan measured than the dense model measured beside it."""
-        last = self.attempts[-1]
-        return 1.0 - last["measured_ms"] / last["dense_ms"]
+        """How much faster the chosen plan measured than the dense model measured around it (median)."""
+        return self.last.measured.reduction
 
     @property
     def predicted_reduction(self) -> float:
         """How much faster the latency model predicted the chosen plan."""
-        return 1.0 - self.predicted_ms / self.dense_ms
+        return self.last.predicted_reduction
+
+    @property
+    def verdict(self) -> str:
+        """:data:`VERDICTS`: for a reduction, met when the worse end of the measured interval reaches it; for a goal
+        in ms, when the slowest timing does; noisy when the dense timings around it drifted beyond the tolerance."""
+        measured = self.last.measured
+        if not measured.steady(self.tolerance):
+            return "noisy"
+        if self.goal_reduction is not None:
+            return "met" if measured.interval[0] >= self.goal_reduction else "missed"
+        return "met" if measured.candidate_worst <= self.goal_ms else "missed"
 
     @property
     def met(self) -> bool:
-        """Whether the chosen plan reaches the goal as measured."""
-        if self.goal_reduction is not None:
-            return self.measured_reduction >= self.goal_reduction
-        return self.measured_ms <= self.goal_ms
+        """Whether the chosen plan reaches the goal as measured (:attr:`verdict`)."""
+        return self.verdict == "met"
+
+    def goal_text(self) -> str:
+        """The goal in the form it was asked."""
+        return f"{self.goal_ms:.3f} ms" if self.goal_reduction is None else f"{self.goal_reduction:.1%} faster"
+
+    def noisy_sentence(self, measured: Bracketed | None = None, what: str = "the latency plan") -> str:
+        """Why ``measured`` (the chosen plan's measurement by default) was not judged, with the figures."""
+        measured = measured if measured is not None else self.last.measured
+        chosen = bool(self.attempts) and measured is self.last.measured
+        kept = "the plan is kept unjudged: " if chosen else ""
+        return (
+            f"The machine was too noisy to judge {what} on {self.device} (batch {self.batch}): the dense model "
+            f"measured {min(measured.dense_ms):.3f} to {max(measured.dense_ms):.3f} ms around it ({measured.drift:.1%} "
+            f"apart, more than SensitivityAnalysis.latency_tolerance {self.tolerance:g}) in {measured.tries} tries; "
+            f"{kept}measure on a quieter machine, or raise the tolerance"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form (the sidecar's ``plan.latency``)."""
-        return {**asdict(self), "met": self.met}
+        data = {**asdict(self), "attempts": [a.as_dict() for a in self.attempts], "verdict": self.verdict,
+                "met": self.met}  # fmt: skip
+        data["largest"] = None if self.largest is None else self.largest.as_dict()
+        return data

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import copy
 import logging
-import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,6 +37,8 @@ from analysis.io.sidecar import (
 from analysis.metrics import LABEL_FREE_METRICS
 from analysis.planning.export import saved_bytes
 from analysis.planning.plan import Plan, known_loss
+from analysis.runtimes.compare import TOLERANCE, Bracketed, bracket
+from analysis.runtimes.runtime import TorchRuntime
 from analysis.structure.flops import count_cost
 from analysis.structure.physical import jointly_pruned_copy
 
@@ -48,9 +48,6 @@ MEASURED = ("top1", "top5", "ce", *LABEL_FREE_METRICS)
 """Metrics a verification compares with the dense model (the label-free ones after a label-free analysis)."""
 
 LATENCY_BATCHES = (1, 32)
-LATENCY_WARMUP = 2
-LATENCY_REPEATS = 10
-LATENCY_BUDGET_SECONDS = 10.0  # per model and batch size: fewer repeats (at least 3) when a forward pass is slow
 
 CALIBRATION_TOLERANCE = 0.02
 """Largest relative change of the dense model's top1 (agreement after a label-free analysis) that re-estimating its
@@ -151,34 +148,59 @@ def check_calibration(
 
 @dataclass(frozen=True)
 class RuntimeLatency:
-    """The dense and the pruned model timed on a deployment runtime (``analysis.runtimes``), next to what the latency
-    plan predicted there (None: the plan was not made for this runtime and batch).
+    """The pruned model timed between timings of the dense model on a deployment runtime (``analysis.runtimes``),
+    next to what the latency plan predicted there (None: the plan was not made for this runtime and batch).
 
     Attributes:
         runtime: The runtime's name.
         device: Where it ran.
         batch: Images per call.
-        dense_ms: The dense model's median latency.
-        pruned_ms: The pruned model's median latency.
-        predicted_ms: The latency plan's prediction for the pruned model.
+        measured: The timings (:class:`~analysis.runtimes.compare.Bracketed`).
+        predicted_reduction: The latency plan's predicted reduction.
+        tolerance: Largest drift of the dense timings for the measurement to count (``latency_tolerance``).
+        settings: The runtime's settings.
     """
 
     runtime: str
     device: str
     batch: int
-    dense_ms: float
-    pruned_ms: float
-    predicted_ms: float | None = None
+    measured: Bracketed
+    predicted_reduction: float | None = None
+    tolerance: float = TOLERANCE
+    settings: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def dense_ms(self) -> float:
+        """The dense model's median latency."""
+        return self.measured.dense_median
+
+    @property
+    def pruned_ms(self) -> float:
+        """The pruned model's median latency."""
+        return self.measured.candidate_median
+
+    @property
+    def predicted_ms(self) -> float | None:
+        """The predicted latency on the dense model measured now."""
+        return None if self.predicted_reduction is None else self.dense_ms * (1.0 - self.predicted_reduction)
 
     @property
     def speedup(self) -> float:
         """How many times faster the pruned model ran."""
         return self.dense_ms / self.pruned_ms
 
+    @property
+    def steady(self) -> bool:
+        """Whether the dense timings around the pruned model agreed within the tolerance."""
+        return self.measured.steady(self.tolerance)
+
     def record(self) -> RuntimeLatencyRecord:
         """The sidecar's record (``plan.verification.runtime_latency``)."""
+        low, high = self.measured.interval
         return RuntimeLatencyRecord(runtime=self.runtime, device=self.device, batch=self.batch, dense_ms=self.dense_ms,
-                                    pruned_ms=self.pruned_ms, predicted_ms=self.predicted_ms)  # fmt: skip
+                                    pruned_ms=self.pruned_ms, predicted_ms=self.predicted_ms,
+                                    reduction=self.measured.reduction, interval=[low, high], drift=self.measured.drift,
+                                    steady=self.steady, settings=dict(self.settings))  # fmt: skip
 
 
 @dataclass
@@ -291,13 +313,7 @@ def verify_plan(
         )  # fmt: skip
     device = example_input.device
     with numerics("exact", device):  # the float32 model is what gets deployed, whatever the analysis's arithmetic
-        latency = {
-            f"batch_{size}": {
-                "dense": median_latency_ms(model, example_input, size),
-                "pruned": median_latency_ms(pruned, example_input, size),
-            }
-            for size in latency_batches
-        }
+        latency = {f"batch_{size}": eager_latency(model, pruned, example_input, size) for size in latency_batches}
     verification = Verification(
         baseline={
             k: float(v) for k, v in baseline.items() if k in ("top1", "top5", "ce", *LABEL_FREE_METRICS, "images")
@@ -346,30 +362,14 @@ def checkpoint_bytes(model: nn.Module) -> int:
     return len(saved_bytes(model.state_dict()))
 
 
-def median_latency_ms(model: nn.Module, example_input: torch.Tensor, batch_size: int) -> float:
-    """Median wall time of one forward pass at ``batch_size`` (random input of the example's sample shape), in ms.
-
-    A few warm-up passes run first; then up to :data:`LATENCY_REPEATS` timed passes, fewer (at least 3) when they
-    would exceed :data:`LATENCY_BUDGET_SECONDS`. CUDA work is synchronised before each clock read.
-    """
-    device = example_input.device
-    inputs = torch.randn((batch_size, *example_input.shape[1:]), generator=torch.Generator().manual_seed(0))
-    inputs = inputs.to(device=device, dtype=example_input.dtype)
-
-    def synchronise() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    times: list[float] = []
-    with torch.inference_mode():
-        for _ in range(LATENCY_WARMUP):
-            model(inputs)
-        spent = 0.0
-        while len(times) < LATENCY_REPEATS and (len(times) < 3 or spent < LATENCY_BUDGET_SECONDS):
-            synchronise()
-            start = time.perf_counter()
-            model(inputs)
-            synchronise()
-            times.append(time.perf_counter() - start)
-            spent += times[-1]
-    return round(statistics.median(times) * 1000, 3)
+def eager_latency(
+    model: nn.Module, pruned: nn.Module, example_input: torch.Tensor, batch_size: int
+) -> dict[str, float]:
+    """``{"dense": ms, "pruned": ms}``: one forward pass of each on the example's device at ``batch_size``, the pruned
+    model timed between two timings of the dense model (:func:`~analysis.runtimes.compare.bracket`, the latency
+    plan's timing path; the dense figure is their median)."""
+    runtime = TorchRuntime(example_input.device)
+    shape = tuple(example_input.shape[1:])
+    with runtime.prepare(model, shape) as dense, runtime.prepare(pruned, shape) as candidate:
+        measured = bracket(dense, candidate, batch_size, rounds=1)
+    return {"dense": round(measured.dense_median, 4), "pruned": round(measured.candidate_median, 4)}

@@ -54,15 +54,18 @@ def format_plan(result: PlanResult) -> str:
                  f"{format_count(pruned.params)} (-{1 - pruned.params / dense.params:.1%})")  # fmt: skip
     latency = plan.latency
     if latency is not None:
-        last = latency.attempts[-1]
-        goal = (f"{latency.goal_reduction:.1%} less" if latency.goal_reduction is not None
-                else f"{latency.goal_ms:.3f} ms")  # fmt: skip
+        last = latency.last
+        low, high = last.measured.interval
+        verdict = {"met": "met", "missed": "MISSED", "noisy": "NOT JUDGED: machine too noisy"}[latency.verdict]
         lines.append(
-            f"latency on {latency.device} (batch {latency.batch}): {last['dense_ms']:.3f} ms -> "
-            f"measured {latency.measured_ms:.3f} ms side by side (-{latency.measured_reduction:.1%}; predicted "
-            f"-{latency.predicted_reduction:.1%}, goal {goal}: {'met' if latency.met else 'MISSED'}; "
-            f"{len(latency.attempts)} plan(s) measured; table {latency.table_seconds:.1f} s, {latency.table_file})"
+            f"latency on {latency.device} (batch {latency.batch}): measured {last.measured.reduction:.1%} faster "
+            f"({low:.1%} to {high:.1%} over {len(last.measured.candidate_ms)} timings; {last.dense_ms:.3f} -> "
+            f"{last.measured_ms:.3f} ms, the dense model timed around it), predicted {last.predicted_reduction:.1%} "
+            f"({last.predicted_ms:.3f} ms); goal {latency.goal_text()}: {verdict}; {len(latency.attempts)} plan(s) "
+            f"measured; table {latency.table_seconds:.1f} s, {latency.table_file}"
         )
+        if latency.verdict == "noisy":
+            lines.append(f"WARNING: {latency.noisy_sentence()}.")
     if result.ratios_file is not None:
         lines.append(f"ratios as an ACT ChannelPrune block: {result.ratios_file}")
     verification = result.verification
@@ -116,9 +119,14 @@ def format_plan(result: PlanResult) -> str:
                          f"{times['pruned']:.2f} ms ({times['dense'] / times['pruned']:.2f}x, median)")  # fmt: skip
         timed = v.runtime_latency
         if timed is not None:
-            predicted = "" if timed.predicted_ms is None else f"; the plan predicted {timed.predicted_ms:.3f} ms"
+            predicted = "" if timed.predicted_reduction is None else (
+                f"; the plan predicted {timed.predicted_reduction:.1%} faster")  # fmt: skip
+            low, high = timed.measured.interval
+            noisy = "" if timed.steady else (f"; NOT JUDGED: the dense timings around it were "
+                                             f"{timed.measured.drift:.1%} apart, beyond the tolerance")  # fmt: skip
             lines.append(f"latency batch {timed.batch} on {timed.runtime} ({timed.device}): {timed.dense_ms:.3f} ms -> "
-                         f"{timed.pruned_ms:.3f} ms ({timed.speedup:.2f}x){predicted}")  # fmt: skip
+                         f"{timed.pruned_ms:.3f} ms, {timed.measured.reduction:.1%} faster ({low:.1%} to {high:.1%}, "
+                         f"timed between dense timings){predicted}{noisy}")  # fmt: skip
     if result.exported is not None:
         if result.verification is None and check is not None:
             lines.append(f"calibration check of the exported statistics: {check.describe()}")

@@ -460,9 +460,17 @@ def _plan_section(sidecar: Sidecar | None) -> str:
         timed = verification.runtime_latency
         if timed is not None:
             predicted = "" if timed.predicted_ms is None else f", predicted {fixed(timed.predicted_ms, '.3f')} ms"
+            interval = (
+                ""
+                if timed.interval is None
+                else (
+                    f", {1 - (timed.pruned_ms or 0) / (timed.dense_ms or 1):.1%} faster ({timed.interval[0]:.1%} to "
+                    f"{timed.interval[1]:.1%}{'' if timed.steady is not False else ', machine too noisy to judge'})"
+                )
+            )
             rows.append((f"latency batch {timed.batch} on {_e(timed.runtime)}",
-                         _e(f"{fixed(timed.dense_ms, '.3f')} ms -> {fixed(timed.pruned_ms, '.3f')} ms{predicted} "
-                            f"({timed.device})")))  # fmt: skip
+                         _e(f"{fixed(timed.dense_ms, '.3f')} ms -> {fixed(timed.pruned_ms, '.3f')} ms{interval}"
+                            f"{predicted} ({timed.device})")))  # fmt: skip
     else:
         after_cost = plan.pruned
         macs, params = (None, None) if after_cost is None else (after_cost.macs, after_cost.params)

@@ -46,6 +46,7 @@ def write_export(
     extra: Mapping[str, Any],
     ratios_yaml: bytes,
     onnx: bool,
+    exporter: str = "torchscript",
 ) -> tuple[dict[str, Path], OnnxCheck | None]:
     """Export ``pruned`` into ``folder``, all files at once or none.
 
@@ -58,6 +59,7 @@ def write_export(
         extra: What ``pruned_channels.json`` carries besides the shapes (plan, arch, BatchNorm note).
         ratios_yaml: The applied ratios' YAML, written as ``channel_prune.yaml``.
         onnx: Also write ``pruned_model.onnx`` (skipped with a notice without the onnx extra).
+        exporter: The ONNX exporter tried first (``SensitivityAnalysis.onnx_exporter``; latency runtimes use it too).
 
     Returns:
         The written files by kind (``model``, ``state_dict``, ``channels``, ``onnx`` when written, ``ratios``) and
@@ -71,7 +73,7 @@ def write_export(
         check = None
         if onnx:
             with numerics("exact", example.device):
-                check = _stage_onnx(staged, pruned, example, images)
+                check = _stage_onnx(staged, pruned, example, images, exporter)
             if check is not None:
                 details["onnx"] = check.as_dict()
         for name, data in pruned_files(pruned, dense, details).items():
@@ -91,7 +93,7 @@ def write_export(
 
 
 def _stage_onnx(
-    staged: StagedFiles, pruned: nn.Module, example: torch.Tensor, images: Iterable[Any]
+    staged: StagedFiles, pruned: nn.Module, example: torch.Tensor, images: Iterable[Any], first: str
 ) -> OnnxCheck | None:
     """Export the pruned model as ONNX to a staged file and check it against PyTorch on evaluation images; None (with
     a notice) without the onnx extra."""
@@ -103,5 +105,5 @@ def _stage_onnx(
         )  # fmt: skip
         return None
     path = staged.temporary(ONNX_FILE)
-    exporter = export_onnx(pruned, example, path, remedy=ONNX_REMEDY)
+    exporter = export_onnx(pruned, example, path, first, remedy=ONNX_REMEDY)
     return dataclasses.replace(check_onnx(path, pruned, images, exporter, remedy=CHECK_REMEDY), file=ONNX_FILE)

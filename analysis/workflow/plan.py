@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +33,14 @@ from analysis.io.results import ratios_path
 from analysis.io.sidecar import Sidecar
 from analysis.metrics import LABEL_FREE_METRICS
 from analysis.planning.estimates import estimate_notice
+from analysis.planning.latency_plan import MeasuredMethod, plan_for_latency
 from analysis.planning.measured import PlanScoring, SearchSettings, build_measured_plan
 from analysis.planning.plan import Plan, build_plan, plan_from_ratios
 from analysis.planning.result import PlanResult
 from analysis.planning.verify import CalibrationCheck, check_calibration, verify_plan
 from analysis.structure.physical import jointly_pruned_copy
 from analysis.workflow.export import write_export
-from analysis.workflow.latency import (
-    MeasuredMethod,
-    latency_runtime,
-    plan_for_latency,
-    runtime_latency,
-    wants_runtime_latency,
-)
+from analysis.workflow.latency import latency_runtime, runtime_latency, wants_runtime_latency
 
 logger = logging.getLogger(__name__)
 
@@ -130,92 +126,156 @@ def _config(config: object) -> Config:
     return load_config(path)
 
 
+@dataclass
+class _Planned:
+    """The plan step's plan and the ratios file that goes with it.
+
+    Attributes:
+        result: What the step returns, filled in by the later steps.
+        ratios_yaml: The applied ratios' YAML, exported as ``channel_prune.yaml``.
+        plan_yaml: A budget plan's ratios, written to ``<analysis_file>.plan.yaml`` once the export (if any)
+            succeeded (None when the ratios came from a file).
+    """
+
+    result: PlanResult
+    ratios_yaml: bytes
+    plan_yaml: str | None = None
+
+
+@dataclass
+class _Pruned:
+    """The pruned model of the verify step, kept for the export, and the note on its BatchNorm statistics."""
+
+    model: nn.Module | None = None
+    batchnorm: dict[str, Any] | None = None
+
+
 def _plan_step(
     config: Config, inputs: Inputs, progress: bool | None, ratios_file: str | Path | None, record: AnalysisRecord
 ) -> PlanResult:
-    """:func:`run_plan_step` under the config's numerics; latency and the ONNX export are float32 (what is deployed)."""
+    """:func:`run_plan_step` under the config's numerics, one step after another: plan, verify, export, record;
+    latency and the ONNX export are float32 (what is deployed)."""
+    s = config.SensitivityAnalysis
+    assert s.analysis_file is not None
+    planned = _make_plan(config, inputs, progress, ratios_file, record)
+    result = planned.result
+    pruned = _verify(config, inputs, record, result, progress) if s.verify else _Pruned()
+    if s.export_dir is not None:
+        _export(config, inputs, record, planned, pruned, progress)
+    if planned.plan_yaml is not None:  # after the export: a failed export leaves the previous plan's file too
+        atomic_write_text(plan_path(s.analysis_file), planned.plan_yaml)
+    _record(Path(s.analysis_file), result)
+    return result
+
+
+def _make_plan(
+    config: Config, inputs: Inputs, progress: bool | None, ratios_file: str | Path | None, record: AnalysisRecord
+) -> _Planned:
+    """The budget plan of the config (latency budgets measured on the runtime), else the ratios of ``ratios_file``
+    or of the ``target_loss`` ratios file, as a plan."""
     s = config.SensitivityAnalysis
     assert s.analysis_file is not None
     analysis_file = Path(s.analysis_file)
-    model, example = inputs.model, inputs.example_input
     targets = budgets(config)
-    plan_yaml: str | None = None  # the budget plan's ratios file, when there is a budget
-    if ratios_file is None and targets:
-        also = {measure: value for measure, value in targets.items() if measure in ("macs", "params")}
-        method = None
-        if s.plan_method == "measured":
-            search = SearchSettings(evaluations=s.eval_budget, seed=config.Global.seed)
-            method = MeasuredMethod(_scoring(inputs, search, config.Global.seed), search, progress)
-        if "latency" in targets or "latency_ms" in targets:
-            runtime = latency_runtime(config, example.device)
-            with numerics("exact", example.device):
-                plan = plan_for_latency(model, example, record, runtime, reduction=targets.get("latency"),
-                                        goal_ms=targets.get("latency_ms"), batch=s.latency_batch,
-                                        progress=progress, also=also, measured_method=method,
-                                        table=s.latency_table)  # fmt: skip
-            assert plan.latency is not None
-            last = plan.latency.attempts[-1]
-            how = (f"{_chosen(plan, method)}; latency measured on {runtime.device}: {last['measured_ms']:.3f} ms "
-                   f"(dense {last['dense_ms']:.3f} ms beside it; predicted {last['predicted_ms']:.3f} ms of the "
-                   f"table's dense {plan.latency.dense_ms:.3f} ms)")  # fmt: skip
-            targets = {"latency": 1.0 - plan.latency.goal_ms / plan.latency.dense_ms, **also}
-        else:
-            measure, value = next(iter(also.items()))
-            also.pop(measure)
-            if method is not None:
-                plan = build_measured_plan(model, example, record, value, method.scoring, measure, method.search,
-                                           progress, also)  # fmt: skip
-            else:
-                plan = build_plan(model, example, record, value, measure, also=also)
-            how = _chosen(plan, method)
-        source = plan_path(analysis_file)
-        reached = ", ".join(f"{m} reduced by >= {v:g} (exactly {plan.reduction_of(m):.4f})" for m, v in targets.items())
-        note = f"Budget plan: {reached} with {how}; coupled params share their group's ratio."
-        text = channel_prune_yaml(plan.ratios, list(plan.ratios), plan.settings["criterion"], note=note)
-        plan_yaml, ratios_yaml = text, text.encode("utf-8")  # written once the export (if any) succeeded
-        result = PlanResult(plan, source)
-    else:
+    if ratios_file is not None or not targets:
         source = Path(ratios_file) if ratios_file is not None else ratios_path(analysis_file)
         if ratios_file is None and not source.exists():
             raise ConfigError(f"No ratios to apply: {source} does not exist; set a budget or target_loss first.")
-        plan = plan_from_ratios(model, example, record, load_ratios_yaml(source), source=str(source))
-        ratios_yaml = source.read_bytes()  # the export copies the file as it was read
+        plan = plan_from_ratios(inputs.model, inputs.example_input, record, load_ratios_yaml(source),
+                                source=str(source))  # fmt: skip
         result = PlanResult(plan, None)
+        result.estimates = estimate_notice(record)
+        return _Planned(result, source.read_bytes())  # the export copies the file as it was read
+    plan, how, targets = _budget_plan(config, inputs, progress, record, targets)
+    reached = ", ".join(f"{m} reduced by >= {v:g} (exactly {plan.reduction_of(m):.4f})" for m, v in targets.items())
+    note = f"Budget plan: {reached} with {how}; coupled params share their group's ratio."
+    text = channel_prune_yaml(plan.ratios, list(plan.ratios), plan.settings["criterion"], note=note)
+    result = PlanResult(plan, plan_path(analysis_file))
     result.estimates = estimate_notice(record)
-    pruned, batchnorm = None, None
-    if s.verify:
-        baseline, evaluator = _evaluation(config, inputs, record, progress)
-        pruned, result.verification = verify_plan(
-            model, plan, evaluator, example, baseline, calibration=inputs.calibration, progress=progress
-        )  # fmt: skip
-        if wants_runtime_latency(config, plan):
-            with numerics("exact", example.device):
-                result.verification.runtime_latency = runtime_latency(config, plan, model, pruned, example)
-        recalibrated = result.verification.recalibrated
-        if recalibrated is not None:
-            batchnorm = _batchnorm_note(recalibrated.layers, recalibrated.calibration, result.calibration_check)
-    if s.export_dir is not None:
-        if pruned is None:
-            pruned = jointly_pruned_copy(model, plan.removals(), example)
-            if inputs.calibration is not None:
-                stats = recalibrate_copy(model, pruned, plan.removals(), example, inputs.calibration.loader, progress)
-                if stats.layers:  # the exported statistics get deployed: check their calibration images as verify does
-                    baseline, evaluator = _evaluation(config, inputs, record, progress)
-                    result.export_check = check_calibration(model, stats.layers, evaluator, baseline,
-                                                            inputs.calibration, progress)  # fmt: skip
-                batchnorm = _batchnorm_note(stats.layers, inputs.calibration.as_dict(), result.export_check)
-        extra = {
-            "plan": plan.as_dict(),
-            "arch": config.Global.arch,
-            "arch_kwargs": config.Global.arch_kwargs,
-            "batchnorm": batchnorm or {"reestimated": False, "why": "no calibration images (Global.calib_list)"},
-        }
-        result.exported, result.onnx_check = write_export(s.export_dir, pruned, model, example, inputs.loader, extra,
-                                                          ratios_yaml, s.export_onnx)  # fmt: skip
-    if plan_yaml is not None:  # after the export: a failed export leaves the previous plan's file too
-        atomic_write_text(source, plan_yaml)
-    _record(analysis_file, result)
-    return result
+    return _Planned(result, text.encode("utf-8"), text)
+
+
+def _budget_plan(
+    config: Config, inputs: Inputs, progress: bool | None, record: AnalysisRecord, targets: dict[str, float]
+) -> tuple[Plan, str, dict[str, float]]:
+    """The plan of the config's budgets, how it was chosen (for the ratios file's note), and the budgets it meets."""
+    s = config.SensitivityAnalysis
+    model, example = inputs.model, inputs.example_input
+    also = {measure: value for measure, value in targets.items() if measure in ("macs", "params")}
+    method = None
+    if s.plan_method == "measured":
+        search = SearchSettings(evaluations=s.eval_budget, seed=config.Global.seed)
+        method = MeasuredMethod(_scoring(inputs, search, config.Global.seed), search, progress)
+    if "latency" not in targets and "latency_ms" not in targets:
+        measure, value = next(iter(also.items()))
+        also.pop(measure)
+        if method is not None:
+            plan = build_measured_plan(model, example, record, value, method.scoring, measure, method.search,
+                                       progress, also)  # fmt: skip
+        else:
+            plan = build_plan(model, example, record, value, measure, also=also)
+        return plan, _chosen(plan, method), targets
+    runtime = latency_runtime(config, example.device)
+    with numerics("exact", example.device):
+        plan = plan_for_latency(model, example, record, runtime, reduction=targets.get("latency"),
+                                goal_ms=targets.get("latency_ms"), batch=s.latency_batch, progress=progress, also=also,
+                                measured_method=method, table=s.latency_table,
+                                tolerance=s.latency_tolerance)  # fmt: skip
+    outcome = plan.latency
+    assert outcome is not None
+    last = outcome.last
+    low, high = last.measured.interval
+    how = (f"{_chosen(plan, method)}; latency measured on {runtime.device}: {last.measured.reduction:.1%} faster "
+           f"({low:.1%} to {high:.1%}; {last.measured_ms:.3f} ms, dense {last.dense_ms:.3f} ms around it), predicted "
+           f"{last.predicted_reduction:.1%}, verdict {outcome.verdict}")  # fmt: skip
+    return plan, how, {"latency": 1.0 - outcome.goal_ms / outcome.dense_ms, **also}
+
+
+def _verify(
+    config: Config, inputs: Inputs, record: AnalysisRecord, result: PlanResult, progress: bool | None
+) -> _Pruned:
+    """Prune the plan into a copy and measure it (raw and re-estimated; on the latency runtime when asked); the copy
+    is kept for the export."""
+    model, example, plan = inputs.model, inputs.example_input, result.plan
+    baseline, evaluator = _evaluation(config, inputs, record, progress)
+    pruned, result.verification = verify_plan(model, plan, evaluator, example, baseline,
+                                              calibration=inputs.calibration, progress=progress)  # fmt: skip
+    if wants_runtime_latency(config, plan):
+        with numerics("exact", example.device):
+            result.verification.runtime_latency = runtime_latency(config, plan, model, pruned, example)
+    recalibrated = result.verification.recalibrated
+    batchnorm = None
+    if recalibrated is not None:
+        batchnorm = _batchnorm_note(recalibrated.layers, recalibrated.calibration, result.calibration_check)
+    return _Pruned(pruned, batchnorm)
+
+
+def _export(
+    config: Config, inputs: Inputs, record: AnalysisRecord, planned: _Planned, pruned: _Pruned, progress: bool | None
+) -> None:
+    """Write the export folder: the verified copy, or a copy pruned (and re-estimated, its calibration checked) now."""
+    s = config.SensitivityAnalysis
+    assert s.export_dir is not None
+    model, example, result = inputs.model, inputs.example_input, planned.result
+    removals = result.plan.removals()
+    model_out, batchnorm = pruned.model, pruned.batchnorm
+    if model_out is None:
+        model_out = jointly_pruned_copy(model, removals, example)
+        if inputs.calibration is not None:
+            stats = recalibrate_copy(model, model_out, removals, example, inputs.calibration.loader, progress)
+            if stats.layers:  # the exported statistics get deployed: check their calibration images as verify does
+                baseline, evaluator = _evaluation(config, inputs, record, progress)
+                result.export_check = check_calibration(model, stats.layers, evaluator, baseline, inputs.calibration,
+                                                        progress)  # fmt: skip
+            batchnorm = _batchnorm_note(stats.layers, inputs.calibration.as_dict(), result.export_check)
+    extra = {
+        "plan": result.plan.as_dict(),
+        "arch": config.Global.arch,
+        "arch_kwargs": config.Global.arch_kwargs,
+        "batchnorm": batchnorm or {"reestimated": False, "why": "no calibration images (Global.calib_list)"},
+    }
+    result.exported, result.onnx_check = write_export(s.export_dir, model_out, model, example, inputs.loader, extra,
+                                                      planned.ratios_yaml, s.export_onnx, s.onnx_exporter)  # fmt: skip
 
 
 def _chosen(plan: Plan, method: MeasuredMethod | None) -> str:

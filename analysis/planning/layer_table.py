@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 from analysis.io.latency_table import LAYER_TABLE, LatencyTable, save_table
+from analysis.planning.latency import LatencyRuntime
 from analysis.planning.plan import Planner
+from analysis.planning.probes import measure_dense, open_table
 from analysis.progress import progress_bar
-from analysis.runtimes.probes import measure_dense, open_table
-from analysis.runtimes.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def jointly_changed_layers(
 def measure_layer_table(
     planner: Planner,
     counts: Mapping[str, Sequence[int]],
-    runtime: Runtime,
+    runtime: LatencyRuntime,
     batch: int,
     analysis_file: str | Path,
     progress: bool | None = None,
@@ -209,7 +209,7 @@ def _pending(table: LatencyTable, pairs: Sequence[tuple[LayerShape, LayerShape]]
 def _measure(
     table: LatencyTable,
     todo: Mapping[str, tuple[LayerShape, Mapping[str, LayerShape]]],
-    runtime: Runtime,
+    runtime: LatencyRuntime,
     batch: int,
     path: Path,
     progress: bool | None,
@@ -246,7 +246,7 @@ class JointLayerSavings:
 
     planner: Planner
     table: LatencyTable
-    runtime: Runtime
+    runtime: LatencyRuntime
     batch: int
     path: Path
 

@@ -1,12 +1,18 @@
 """Measuring a latency table: the whole model on the runtime, dense and with each group of coupled units pruned alone
 at each channel count the analysis measured (whole-model probes: they include whatever the runtime fuses, pads or
 schedules around the pruned layers, which a per-layer table would miss). Every probe is saved to the table's file as
-it finishes, so a killed build resumes without measuring again."""
+it finishes, so a killed build resumes without measuring again.
+
+The dense model is prepared once (exported, one session) for the whole table, and every probe is timed between two
+timings of it (:func:`~analysis.runtimes.compare.bracket`, consecutive probes sharing the dense timing between
+them): its saving is relative to their mean, their disagreement is its recorded noise, and a probe whose dense
+timings drift beyond the tolerance, or whose saving is within its noise, is measured again (bounded)."""
 
 from __future__ import annotations
 
 import logging
 import platform
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,20 +21,22 @@ from torch import nn
 
 from analysis.io.fingerprint import json_fingerprint, model_fingerprint
 from analysis.io.latency_table import LatencyTable, load_table, probe_id, save_table, table_path
+from analysis.planning.latency import LatencyRuntime
 from analysis.planning.plan import Planner
 from analysis.progress import progress_bar
-from analysis.runtimes.runtime import Runtime
+from analysis.runtimes.compare import TOLERANCE, TRIES, Bracketed, bracket
 from analysis.structure.physical import jointly_pruned_copy
 
 logger = logging.getLogger(__name__)
 
 
-def table_key(runtime: Runtime, model: nn.Module, sample_shape: Sequence[int], batch: int) -> dict[str, object]:
-    """What a table's numbers depend on: the runtime's settings (:meth:`Runtime.settings`: its version, device,
+def table_key(runtime: LatencyRuntime, model: nn.Module, sample_shape: Sequence[int], batch: int) -> dict[str, object]:
+    """What a table's numbers depend on: the runtime's settings (:meth:`LatencyRuntime.settings`: its version, device,
     threads, a command's template and pattern...), the machine (a table measured elsewhere does not hold here), the
     input, the batch, the model's weights and its layers' settings (strides, kernels, activations: ``repr``)."""
     return {
         **runtime.settings(),
+        "probes": "bracketed",  # each probe between two dense timings, with its noise (tables before had neither)
         "host": platform.node(),
         "input": list(sample_shape),
         "batch": batch,
@@ -38,7 +46,7 @@ def table_key(runtime: Runtime, model: nn.Module, sample_shape: Sequence[int], b
 
 
 def open_table(
-    planner: Planner, runtime: Runtime, batch: int, analysis_file: str | Path, kind: str | None = None
+    planner: Planner, runtime: LatencyRuntime, batch: int, analysis_file: str | Path, kind: str | None = None
 ) -> tuple[LatencyTable, Path]:
     """The cached table of ``planner``'s model on ``runtime`` at ``batch`` beside ``analysis_file`` (empty when
     there is none), and its file; ``kind`` (e.g. ``layers``) joins the key, so tables of other kinds never mix."""
@@ -49,7 +57,7 @@ def open_table(
     return load_table(path, key, planner.probe_limits()), path
 
 
-def measure_dense(table: LatencyTable, path: Path, planner: Planner, runtime: Runtime, batch: int) -> float:
+def measure_dense(table: LatencyTable, path: Path, planner: Planner, runtime: LatencyRuntime, batch: int) -> float:
     """The whole dense model's latency in ``table``, measured into it (and its file) unless it is there already."""
     if table.dense_ms is None:
         table.dense_ms = runtime.measure(planner.model, tuple(planner.example_input.shape[1:]), batch).median_ms
@@ -60,10 +68,11 @@ def measure_dense(table: LatencyTable, path: Path, planner: Planner, runtime: Ru
 def measure_table(
     planner: Planner,
     counts: Mapping[str, Sequence[int]],
-    runtime: Runtime,
+    runtime: LatencyRuntime,
     batch: int,
     analysis_file: str | Path,
     progress: bool | None = None,
+    tolerance: float = TOLERANCE,
 ) -> tuple[LatencyTable, Path, float]:
     """The latency table of ``planner``'s model: read from its cache file, with the probes it lacks measured now.
 
@@ -74,6 +83,7 @@ def measure_table(
         batch: Images per call.
         analysis_file: The analysis file the cache file sits beside.
         progress: A bar with ETA on a terminal, periodic lines in a log (None: decide by the output).
+        tolerance: Largest drift of the dense timings around a probe (``SensitivityAnalysis.latency_tolerance``).
 
     Returns:
         The table, its file, and the seconds spent measuring in this call.
@@ -89,17 +99,39 @@ def measure_table(
             "Latency table on %s (batch %d): %d probe(s) to measure%s.", runtime.device, batch, len(todo),
             f", {done} cached in {path.name}" if done else "",
         )  # fmt: skip
-    measure_dense(table, path, planner, runtime, batch)
-    with progress_bar(progress, total=len(todo), desc="latency table", unit="probe") as bar:
-        reference, last_group = 0.0, None
-        for group, count in todo:
-            if group != last_group:  # the dense model again next to each group's probes: savings are relative to it
-                reference, last_group = runtime.measure(model, sample_shape, batch).median_ms, group
-            member = planner.by_name[group]
-            removal = [(member.module_name, planner.removed(group, count))]
-            copy = jointly_pruned_copy(model, removal, example)
-            table.probes.setdefault(group, {})[count] = runtime.measure(copy.eval(), sample_shape, batch).median_ms
-            table.references[probe_id(group, count)] = ("model", reference)
-            save_table(path, table)  # a kill loses at most the probe in progress
-            bar.update(1)
+    noisy = drifted = 0
+    with runtime.prepare(model, sample_shape) as dense:
+        last_dense: float | None = None  # a cached dense latency is from another time: not a reference now
+        if table.dense_ms is None:
+            table.dense_ms = last_dense = dense.time(batch).median_ms
+            save_table(path, table)
+        with progress_bar(progress, total=len(todo), desc="latency table", unit="probe") as bar:
+            for group, count in todo:
+                member = planner.by_name[group]
+                copy = jointly_pruned_copy(model, [(member.module_name, planner.removed(group, count))], example)
+                with runtime.prepare(copy, sample_shape) as probe:
+                    found = bracket(dense, probe, batch, rounds=1, tolerance=tolerance, dense_before_ms=last_dense)
+                    if found.steady(tolerance) and _within_noise(found):  # a saving too small to read: once more
+                        found = found.joined(bracket(dense, probe, batch, rounds=1, tolerance=tolerance,
+                                                     dense_before_ms=found.dense_ms[-1]))  # fmt: skip
+                last_dense = found.dense_ms[-1]
+                drifted += not found.steady(tolerance)
+                noisy += _within_noise(found)
+                table.probes.setdefault(group, {})[count] = found.candidate_median
+                table.references[probe_id(group, count)] = ("model", statistics.mean(found.references))
+                table.spreads[probe_id(group, count)] = round(found.spread_ms(), 6)
+                save_table(path, table)  # a kill loses at most the probe in progress
+                bar.update(1)
+    if todo:
+        logger.info(
+            "Latency table: %d probe(s) measured in %.1f s; %d saved no more than their noise, %d on a machine that "
+            "drifted beyond %.0f%% in %d tries.", len(todo), time.perf_counter() - start, noisy, drifted,
+            100 * tolerance, TRIES,
+        )  # fmt: skip
     return table, path, time.perf_counter() - start
+
+
+def _within_noise(found: Bracketed) -> bool:
+    """Whether the probe's saving (against the mean of its dense timings) is no larger than their disagreement."""
+    reference = statistics.mean(found.references)
+    return abs(reference - found.candidate_median) <= found.spread_ms()

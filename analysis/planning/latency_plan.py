@@ -1,0 +1,285 @@
+"""A plan for a latency budget, measured end to end: the latency table is measured on the runtime (or read from its
+cache), the knapsack plans on it, the planned model is timed between timings of the dense model on the same runtime
+(:func:`~analysis.runtimes.compare.bracket`), and while it misses the budget the latency model is rescaled to that
+measurement and the plan made again (at most :data:`MAX_ATTEMPTS`).
+
+The verdict rests on the measured interval's worse end, and on dense timings that agree: a machine too noisy to
+judge is said to be so, not called a miss or a success. When no plan can reach the goal, the largest plan the
+analysed ratios allow is measured too, so the sentence names the cause that was measured: that plan's own saving
+(not reachable), or the table's error (its prediction against the measurement).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from analysis.errors import UserError
+from analysis.io.lock import exclusive
+from analysis.io.record import AnalysisRecord
+from analysis.planning.allocate import GroupOptions
+from analysis.planning.latency import LatencyAttempt, LatencyModel, LatencyOutcome, LatencyRuntime
+from analysis.planning.layer_table import JointLayerSavings, measure_layer_table
+from analysis.planning.measured import PlanScoring, SearchSettings, search_plan
+from analysis.planning.plan import Plan, Planner, open_planner, summed_prediction_notice
+from analysis.planning.probes import measure_table
+from analysis.runtimes.compare import ROUNDS, TOLERANCE, Bracketed, bracket
+from analysis.runtimes.runtime import Prepared
+from analysis.structure.groups import eval_mode
+from analysis.structure.physical import jointly_pruned_copy
+
+logger = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 4
+"""Plans measured end to end at most, for one latency budget."""
+PREDICTED_RAISES = 4
+"""Times per attempt the target is raised before measuring, while a layer-level table's whole-plan prediction (with
+the groups' interactions) says the knapsack's plan misses the goal."""
+
+
+@dataclass(frozen=True)
+class MeasuredMethod:
+    """How a latency plan is chosen with the measured method (:mod:`analysis.planning.measured`) instead of the
+    knapsack: the scoring images and the search's settings."""
+
+    scoring: PlanScoring
+    search: SearchSettings
+    progress: bool | None = None
+
+
+@dataclass(frozen=True)
+class LatencyGoal:
+    """What a latency plan must reach, and how it is measured.
+
+    Attributes:
+        reduction: The fraction less latency asked (None with ``goal_ms``).
+        goal_ms: The latency asked in ms (None with ``reduction``).
+        batch: Images per call.
+        table: The latency table's kind: ``model`` (whole-model probes) or ``layers`` (single layers).
+        tolerance: Largest drift of the dense timings around a measurement (``latency_tolerance``).
+    """
+
+    reduction: float | None = None
+    goal_ms: float | None = None
+    batch: int = 1
+    table: str = "model"
+    tolerance: float = TOLERANCE
+
+
+def plan_for_latency(
+    model: nn.Module,
+    example_input: torch.Tensor,
+    record: AnalysisRecord,
+    runtime: LatencyRuntime,
+    *,
+    reduction: float | None = None,
+    goal_ms: float | None = None,
+    batch: int = 1,
+    progress: bool | None = None,
+    also: Mapping[str, float] | None = None,
+    measured_method: MeasuredMethod | None = None,
+    table: str = "model",
+    tolerance: float = TOLERANCE,
+) -> Plan:
+    """The knapsack plan whose measured latency on ``runtime`` is at most the goal (``goal_ms``, or the dense
+    latency times ``1 - reduction``), on a latency table of kind ``table`` (``model``: whole-model probes,
+    ``layers``: single layers), and that meets every MACs or params budget in ``also`` (``{measure: reduction}``)
+    too. Each attempt plans with the knapsack, or with ``measured_method`` the measured search. The plan's
+    :attr:`~analysis.planning.plan.Plan.latency` holds every attempt and the verdict (met, missed, or noisy).
+
+    Raises:
+        UserError: If the goal is not below the dense latency, or cannot be reached with the analysed ratios.
+    """
+    goal = LatencyGoal(reduction, goal_ms, batch, table, tolerance)
+    with eval_mode(model):
+        planner, options = open_planner(model, example_input, record, "macs")
+        counts = planner.probe_counts(options, record.sensitivities)
+        if table == "model":
+            latency_table, path, seconds = measure_table(planner, counts, runtime, batch, record.path, progress,
+                                                         tolerance)  # fmt: skip
+        else:
+            latency_table, path, seconds = measure_layer_table(planner, counts, runtime, batch, record.path, progress)
+        joint = JointLayerSavings(planner, latency_table, runtime, batch, path) if table == "layers" else None
+        latency = LatencyModel(latency_table, joint=joint)
+        goal_on_table = goal_ms if goal_ms is not None else latency.dense_ms * (1.0 - float(reduction or 0.0))
+        if not 0.0 < goal_on_table < latency.dense_ms:
+            refused = (f"SensitivityAnalysis.target_latency_ms {goal_ms:g} is not below" if goal_ms is not None else
+                       f"SensitivityAnalysis.target_latency_reduction {float(reduction or 0.0):g} asks for no time "
+                       "below")  # fmt: skip
+            raise UserError(
+                f"{refused} the dense model's measured {latency.dense_ms:.3f} ms on {runtime.device} (batch {batch}); "
+                "ask for less."
+            )
+        planner.latency_goal_ms = goal_ms  # its messages then speak of the goal in ms
+        outcome = LatencyOutcome(runtime.name, runtime.device, batch, latency.dense_ms, goal_on_table,
+                                 table_file=str(path), table_seconds=round(seconds, 3), goal_reduction=reduction,
+                                 tolerance=tolerance, settings=runtime.settings())  # fmt: skip
+        sample_shape = tuple(example_input.shape[1:])
+        with runtime.prepare(model, sample_shape) as dense:
+            loop = _Loop(planner, record, runtime, dense, goal, outcome, measured_method, also or {})
+            plan = loop.run(options, latency, 1.0 - goal_on_table / latency.dense_ms)
+    if outcome.verdict == "noisy":
+        logger.warning("%s.", outcome.noisy_sentence())
+    elif not outcome.met:
+        last = outcome.last
+        logger.warning(
+            "The latency plan measured %.1f%% faster (%.1f%% to %.1f%% over %d timings; %.3f ms, dense %.3f ms around "
+            "it) after %d attempts, short of the goal (%s); the last plan is kept.", 100 * last.measured.reduction,
+            100 * last.measured.interval[0], 100 * last.measured.interval[1], len(last.measured.candidate_ms),
+            last.measured_ms, last.dense_ms, len(outcome.attempts), outcome.goal_text(),
+        )  # fmt: skip
+    plan.latency = outcome
+    if also:  # the asked reduction, not the one the corrections planned for
+        asked = reduction if reduction is not None else 1.0 - goal_on_table / outcome.dense_ms
+        plan.budgets = {"latency": asked, **also}
+    if measured_method is None:
+        plan.notice = summed_prediction_notice(record, plan.predicted_loss)
+    return plan
+
+
+class _Loop:
+    """The plan, measure, correct loop of one latency budget, with the dense model prepared once for all of it."""
+
+    def __init__(
+        self,
+        planner: Planner,
+        record: AnalysisRecord,
+        runtime: LatencyRuntime,
+        dense: Prepared,
+        goal: LatencyGoal,
+        outcome: LatencyOutcome,
+        method: MeasuredMethod | None,
+        also: Mapping[str, float],
+    ) -> None:
+        self.planner, self.record, self.runtime, self.dense = planner, record, runtime, dense
+        self.goal, self.outcome, self.method, self.also = goal, outcome, method, also
+
+    def run(self, options: list[GroupOptions], latency: LatencyModel, target: float) -> Plan:
+        """Plan, measure and correct until the goal is met, the machine is too noisy, or the attempts run out."""
+        planner, outcome = self.planner, self.outcome
+        tried: set[tuple[tuple[str, int], ...]] = set()
+        plan: Plan | None = None
+        while len(outcome.attempts) < MAX_ATTEMPTS:
+            planner.use_latency(latency)
+            for other, value in self.also.items():
+                planner.require(other, value)
+            options = planner.options(self.record.sensitivities)
+            try:
+                plan = _plan(planner, options, self.record, target, self.method)
+            except UserError:
+                latency = self._unreachable(options, latency)  # raises unless the largest plan reaches it
+                continue
+            picks = _picks(plan)
+            predicted = latency.plan_ms(picks)
+            for _raise in range(PREDICTED_RAISES if latency.joint is not None else 0):
+                if predicted <= outcome.goal_ms:
+                    break
+                # the whole plan's prediction (with the groups' interactions) misses: ask for more before measuring
+                higher = min(0.999, target + (predicted - outcome.goal_ms) / latency.dense_ms)
+                try:
+                    plan, target = _plan(planner, options, self.record, higher, self.method), higher
+                except UserError:
+                    break  # the analysed ratios allow no more: measure the plan there is
+                picks = _picks(plan)
+                predicted = latency.plan_ms(picks)
+            measured = self._measure(plan)
+            outcome.attempts.append(LatencyAttempt(round(target, 6), 1.0 - predicted / latency.dense_ms, measured,
+                                                   latency.scale))  # fmt: skip
+            logger.info(
+                "Latency plan (attempt %d): predicted %.1f%% faster, measured %.1f%% (%.1f%% to %.1f%%; %.3f ms, "
+                "dense %.3f ms around it, %.1f%% apart) on %s, goal %s: %s.", len(outcome.attempts),
+                100 * outcome.last.predicted_reduction, 100 * measured.reduction, 100 * measured.interval[0],
+                100 * measured.interval[1], measured.candidate_median, measured.dense_median, 100 * measured.drift,
+                self.runtime.device, outcome.goal_text(), outcome.verdict,
+            )  # fmt: skip
+            if outcome.verdict in ("met", "noisy"):
+                break  # a noisy measurement corrects nothing: the verdict says so instead
+            on_table = latency.dense_ms * (1.0 - measured.reduction)  # the measured reduction on the table's scale
+            chosen = tuple(sorted(picks.items()))
+            if chosen in tried:  # rescaling did not change the plan: ask the knapsack for the shortfall too
+                target = min(0.999, target + (on_table - outcome.goal_ms) / latency.dense_ms)
+            tried.add(chosen)
+            latency = latency.fitted(picks, on_table)
+        assert plan is not None
+        return plan
+
+    def _measure(self, plan: Plan) -> Bracketed:
+        """``plan``'s pruned model timed between timings of the dense model, with more rounds when its interval
+        straddles the goal (so that the verdict rests on enough timings)."""
+        planner, goal = self.planner, self.goal
+        copy = jointly_pruned_copy(planner.model, plan.removals(), planner.example_input) if plan.groups else (
+            planner.model)  # fmt: skip
+        with self.runtime.prepare(copy, tuple(planner.example_input.shape[1:])) as pruned:
+            measured = bracket(self.dense, pruned, goal.batch, ROUNDS, goal.tolerance)
+            wanted = goal.reduction
+            if wanted is not None and measured.steady(goal.tolerance) and measured.interval[0] < wanted <= (
+                    measured.interval[1]):  # fmt: skip
+                more = bracket(self.dense, pruned, goal.batch, ROUNDS, goal.tolerance,
+                               dense_before_ms=measured.dense_ms[-1])  # fmt: skip
+                if more.steady(goal.tolerance):
+                    measured = measured.joined(more)
+        return measured
+
+    def _unreachable(self, options: list[GroupOptions], latency: LatencyModel) -> LatencyModel:
+        """The knapsack found no plan for the goal: measure the largest plan the analysed ratios allow (once). When it
+        misses the goal too, raise the measured cause; when it reaches it, the table underrated the savings:
+        return the latency model fitted to that measurement, to plan again.
+
+        Raises:
+            UserError: The goal is not reachable within the analysed ratios (as measured), or the table could not be
+                corrected enough to find a plan.
+        """
+        outcome, planner = self.outcome, self.planner
+        largest_choices = {group.key: max(group.choices, key=lambda choice: choice.count) for group in options}
+        largest = planner.plan(options, largest_choices, 0.0, 0.0, 0.0)
+        device = f"{self.runtime.device}, batch {self.goal.batch}"
+        if outcome.largest is not None:
+            last = outcome.attempts[-1] if outcome.attempts else None
+            error = ("" if last is None else f"; the last plan was predicted {last.predicted_reduction:.1%} faster and "
+                     f"measured {last.measured.reduction:.1%}")  # fmt: skip
+            raise UserError(
+                f"No latency plan for {outcome.goal_text()} on {device}: the largest plan the analysed ratios allow "
+                f"measured {outcome.largest.reduction:.1%} faster, but the table's predictions stayed too far from the "
+                f"measurements to find a smaller one{error}; try SensitivityAnalysis.latency_table: layers, a larger "
+                "latency_batch, or a lower target."
+            ) from None
+        measured = self._measure(largest)
+        outcome.largest = measured
+        low, high = measured.interval
+        if not measured.steady(self.goal.tolerance):
+            raise UserError(f"{outcome.noisy_sentence(measured, 'the largest plan the analysed ratios allow')}.")
+        reaches = (measured.reduction >= outcome.goal_reduction if outcome.goal_reduction is not None else
+                   measured.candidate_median <= outcome.goal_ms)  # fmt: skip
+        if not reaches:
+            raise UserError(
+                f"The latency goal ({outcome.goal_text()} on {device}) is not reachable within the analysed ratios: "
+                f"the largest plan they allow (every group at its largest analysed ratio) measured "
+                f"{measured.reduction:.1%} faster ({low:.1%} to {high:.1%}; {measured.candidate_median:.3f} ms, dense "
+                f"{measured.dense_median:.3f} ms around it); lower the target, analyse larger ratios, or measure at a "
+                "larger SensitivityAnalysis.latency_batch."
+            ) from None
+        logger.info("The table found no plan for the goal, but the largest plan the analysed ratios allow measured "
+                    "%.1f%% faster: the table underrates the savings; planning again on that measurement.",
+                    100 * measured.reduction)  # fmt: skip
+        return latency.fitted(_picks(largest), latency.dense_ms * (1.0 - measured.reduction))
+
+
+def _picks(plan: Plan) -> dict[str, int]:
+    """``{group key: channels removed}`` of ``plan`` (the latency model's keys)."""
+    return {group.members[0]: len(group.removed) for group in plan.groups}
+
+
+def _plan(
+    planner: Planner, options: list[GroupOptions], record: AnalysisRecord, target: float, method: MeasuredMethod | None
+) -> Plan:
+    """One attempt's plan for ``target`` on the planner's latency model: the knapsack's, or the measured search's
+    (under the analysis file's lock, which guards its search log)."""
+    if method is None:
+        allocation = planner.allocate(options, target)
+        return planner.plan(options, allocation.choices, target, allocation.predicted_loss, allocation.lower_bound)
+    with exclusive(record.path):
+        return search_plan(planner, options, record, target, method.scoring, method.search, method.progress)

@@ -1,0 +1,149 @@
+"""Latency verdicts on a busy machine: probes and plans are timed between dense timings, a verdict rests on the
+worse end of the measured interval, and a machine too noisy to judge is said to be so (fake runtimes that inject a
+drift, one slow dense timing, and pure noise)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from analysis.errors import UserError
+from analysis.io.latency_table import LatencyTable
+from analysis.io.record import load_record
+from analysis.planning.latency import LatencyAttempt, LatencyOutcome
+from analysis.planning.latency_plan import plan_for_latency
+from analysis.planning.plan import open_planner
+from analysis.planning.probes import measure_table
+from analysis.runtimes.compare import Bracketed, bracket
+from analysis.runtimes.runtime import Prepared
+from analysis.runtimes.timing import Latency
+from analysis.structure.groups import eval_mode
+from analysis.structure.physical import jointly_pruned_copy
+
+from helpers import batches, randomize
+from latency_fakes import DisturbedRuntime, MacsRuntime, analysed
+from tiny_models import tiny_resnet
+
+
+@pytest.fixture
+def setting(tmp_path: Path) -> tuple[nn.Module, torch.Tensor, Path]:
+    model = randomize(tiny_resnet()).eval()
+    return model, batches(count=1)[0][0], analysed(model, tmp_path / "s.pkl")
+
+
+def table_of(setting: Any, runtime: MacsRuntime, name: str) -> tuple[LatencyTable, dict[str, list[int]]]:
+    model, example, path = setting
+    with eval_mode(model):
+        planner, options = open_planner(model, example, load_record(path))
+        counts = planner.probe_counts(options, load_record(path).sensitivities)
+        table, _, _ = measure_table(planner, counts, runtime, 1, path.with_name(name), progress=False)
+    return table, counts
+
+
+def test_one_slow_dense_timing_makes_no_phantom_saving(setting: Any) -> None:
+    """The 5th call (a dense timing: dense, probe, dense, probe, dense...) runs 1.8x slow. Compared with a dense
+    timing taken once before a group's probes, every probe next to it looked like a large saving; between two dense
+    timings the disagreement is seen, the probe measured again, and every saving is the steady machine's."""
+    _, example, _ = setting
+    steady, counts = table_of(setting, MacsRuntime(example), "steady.pkl")
+    disturbed = DisturbedRuntime(example, lambda call: 1.8 if call == 5 else 1.0)
+    table, _ = table_of(setting, disturbed, "busy.pkl")
+    probes = sum(len(found) for found in counts.values())
+    assert disturbed.calls == 1 + 2 * probes + 3  # the disturbed probe's bracket taken once more (probe, dense)...
+    for group, found in counts.items():
+        for count in found:
+            assert table.saving(group, count) == pytest.approx(steady.saving(group, count), rel=1e-9)
+
+
+def test_a_steady_drift_cancels_between_the_dense_timings_around_each_probe(setting: Any) -> None:
+    """The machine slows by 0.4% a call throughout the table: the mean of the dense timings around a probe is the
+    dense latency at the probe's moment, so every saving keeps its proportion to the steady machine's."""
+    _, example, _ = setting
+    steady, counts = table_of(setting, MacsRuntime(example), "steady.pkl")
+    table, _ = table_of(setting, DisturbedRuntime(example, lambda call: 1.0 + 0.004 * call), "drift.pkl")
+    for group, found in counts.items():
+        for count in found:
+            ratio = table.probe_saving(group, count) / table.dense_ms
+            assert ratio == pytest.approx(steady.probe_saving(group, count) / steady.dense_ms, rel=1e-6)
+            assert table.spread(group, count) is not None and table.spread(group, count) > 0  # the drift, recorded
+    naive = [table.dense_ms - table.probes[g][c] for g, found in counts.items() for c in found]
+    steady_naive = [steady.dense_ms - steady.probes[g][c] for g, found in counts.items() for c in found]
+    assert min(a - b for a, b in zip(naive, steady_naive, strict=True)) < -0.01 * steady.dense_ms  # the raw drift
+
+
+def test_a_runtime_of_pure_noise_gets_no_plan_called_met(setting: Any) -> None:
+    """Every timing a random number of ms, whatever the model (a command printing noise): the plan (if the random
+    table yields one) is never called met; the sentence says the machine was too noisy, not that the goal was missed
+    or reached."""
+    model, example, path = setting
+    noise = random.Random(0)
+    runtime = DisturbedRuntime(example, lambda call: noise.uniform(0.2, 5.0))
+    try:
+        plan = plan_for_latency(model, example, load_record(path), runtime, reduction=0.3)
+    except UserError as error:
+        assert "too noisy to judge" in str(error)
+    else:
+        assert plan.latency is not None and plan.latency.verdict == "noisy" and not plan.latency.met
+        assert "too noisy to judge the latency plan" in plan.latency.noisy_sentence()
+
+
+def test_a_plan_on_a_machine_with_a_drift_is_met_only_as_measured(setting: Any) -> None:
+    """A steady drift (1% a call) through the whole build and the plans: the plan is judged between dense timings
+    around it, so it is met, and its measured reduction is the steady machine's."""
+    model, example, path = setting
+    runtime = DisturbedRuntime(example, lambda call: 1.0 + 0.002 * call)
+    plan = plan_for_latency(model, example, load_record(path), runtime, reduction=0.3)
+    assert plan.latency is not None and plan.latency.verdict == "met"
+    steady = MacsRuntime(example)
+    pruned = steady.latency_of(jointly_pruned_copy(model, plan.removals(), example))
+    assert plan.latency.measured_reduction == pytest.approx(1 - pruned / steady.latency_of(model), abs=0.01)
+    assert plan.latency.last.measured.interval[0] >= 0.3
+
+
+def outcome_of(measured: Bracketed, reduction: float | None = 0.2, goal_ms: float = 8.0) -> LatencyOutcome:
+    outcome = LatencyOutcome("fake", "fake device", 1, 10.0, goal_ms, goal_reduction=reduction, tolerance=0.05)
+    outcome.attempts.append(LatencyAttempt(0.2, 0.25, measured, 1.0))
+    return outcome
+
+
+def test_the_verdict_rests_on_the_worse_end_of_the_interval() -> None:
+    straddling = Bracketed((10.0, 10.0, 10.0, 10.0), (7.9, 7.5, 8.3))  # 21%, 25%, 17% faster: median 21%
+    assert straddling.reduction == pytest.approx(0.21) and straddling.interval == pytest.approx((0.17, 0.25))
+    assert outcome_of(straddling).verdict == "missed"
+    clear = Bracketed((10.0, 10.1, 10.0, 10.1), (7.9, 7.8, 7.7))
+    assert outcome_of(clear).verdict == "met" and outcome_of(clear).met
+    drifting = Bracketed((10.0, 12.0, 10.0, 10.0), (7.0, 7.0, 7.0))  # dense 20% apart: beyond the 5% tolerance
+    assert outcome_of(drifting).verdict == "noisy" and not outcome_of(drifting).met
+    assert (
+        "12.000 ms" in outcome_of(drifting).noisy_sentence() and "20.0% apart" in outcome_of(drifting).noisy_sentence()
+    )
+    slow_one = Bracketed((10.0, 10.0, 10.0, 10.0), (7.0, 8.2, 7.0))  # an absolute goal: the slowest timing decides
+    assert outcome_of(slow_one, None, 8.0).verdict == "missed" and outcome_of(slow_one, None, 8.3).verdict == "met"
+
+
+class Sequenced(Prepared):
+    """A prepared model whose timings are given in order."""
+
+    def __init__(self, timings: list[float]) -> None:
+        self.timings = timings
+
+    def time(self, batch: int) -> Latency:
+        return Latency("fake", "fake device", batch, self.timings.pop(0), 0.0, 1)
+
+    def close(self) -> None:
+        """Nothing held."""
+
+
+def test_a_drifting_comparison_is_taken_again_and_the_least_drifting_kept() -> None:
+    dense = Sequenced([10.0, 14.0, 10.0, 12.0, 10.0, 11.0])  # three tries of dense, candidate, dense
+    candidate = Sequenced([7.0, 7.0, 7.0])
+    found = bracket(dense, candidate, 1, rounds=1, tolerance=0.05, tries=3)
+    assert found.tries == 3 and found.dense_ms == (10.0, 11.0) and not found.steady(0.05)
+    dense = Sequenced([10.0, 14.0, 10.0, 10.2])
+    found = bracket(dense, Sequenced([7.0, 7.0]), 1, rounds=1, tolerance=0.05, tries=3)
+    assert found.tries == 2 and found.steady(0.05) and found.reduction == pytest.approx(1 - 7.0 / 10.1)
