@@ -34,6 +34,7 @@ from analysis.scale.shards import ShardSpec
 from analysis.text import explain_target_loss
 from analysis.workflow.analyse import derive_ratios
 from analysis.workflow.job import run_job
+from analysis.workflow.latency import check_runtime
 from analysis.workflow.plan import run_plan_step, wants_plan_step
 from analysis.workflow.report import write_report_files
 
@@ -106,6 +107,7 @@ def job_main(args: argparse.Namespace) -> int:
     shard = ShardSpec.parse(args.shard) if args.shard else None
     config = load_config(args.config_path, args.overrides, flags, trust_config=args.trust_config)
     check_latency_settings_used(config)
+    check_runtime(config)
     check_config_outputs(config)  # before anything loads or is written
     rank = from_environment()
     if rank is not None:

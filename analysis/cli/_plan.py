@@ -29,6 +29,7 @@ from analysis.io.results import sidecar_path
 from analysis.io.sidecar import ConfigRecord
 from analysis.reporting.plan_text import format_plan
 from analysis.workflow.job import run_job
+from analysis.workflow.latency import check_runtime
 from analysis.workflow.plan import budgets, run_plan_step
 from analysis.workflow.report import write_report_files
 
@@ -129,6 +130,7 @@ def plan_main(args: argparse.Namespace) -> int:
                           "--target_latency_reduction or --target_latency_ms (or the same key in the config's "
                           "SensitivityAnalysis).")  # fmt: skip
     check_latency_settings_used(config)
+    check_runtime(config)
     check_config_outputs(config, "--export_dir" if args.export_dir is not None else "SensitivityAnalysis.export_dir")
     progress = False if args.quiet else None
     inputs = build_inputs(config, progress, calibration=needs_calibration(config))
@@ -164,6 +166,7 @@ def verify_main(args: argparse.Namespace) -> int:
         config.SensitivityAnalysis.export_dir = args.export_dir
     check_plan_granularity(config.SensitivityAnalysis)
     check_latency_settings_used(config)
+    check_runtime(config)
     check_config_outputs(config, "--export_dir" if args.export_dir is not None else "SensitivityAnalysis.export_dir")
     load_ratios_yaml(args.ratios)  # read before the model and the data load, so a bad file is refused at once
     progress = False if args.quiet else None

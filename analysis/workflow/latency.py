@@ -27,6 +27,19 @@ def latency_runtime(config: Config, device: torch.device) -> Runtime:
                         settings=RuntimeSettings.from_config(s))  # fmt: skip
 
 
+def check_runtime(config: Config) -> None:
+    """Refuse, before any work, a latency runtime that cannot be made as configured (a provider ONNX Runtime does not
+    have, a missing onnx extra), when something will be timed on it.
+
+    Raises:
+        UserError: Naming the key.
+    """
+    s = config.SensitivityAnalysis
+    target = s.target_latency_reduction is not None or s.target_latency_ms is not None
+    if target or (s.verify and runtime_timed_by_verify(config)):
+        latency_runtime(config, torch.device("cpu"))  # the device decides only ``auto``'s provider
+
+
 def wants_runtime_latency(config: Config, plan: Plan) -> bool:
     """Whether ``verify`` also times the plan on the latency runtime: for a latency plan, and whenever the config
     names a runtime or a batch for it (:func:`~analysis.config.runtime_timed_by_verify`)."""
