@@ -1568,9 +1568,9 @@ def test_an_unreachable_latency_goal_in_ms_is_refused_in_ms(
     fake_latency(monkeypatch)
     before = tree(tmp_path)
     result = cli("plan", "--config_path", "c.yaml", "--target_latency_ms", "1", "--no_report")
-    assert_user_error(result, r"^error: target_latency_ms 1 \(\d+\.\d% below the dense model's \d+\.\d{3} ms in the "
-                              r"latency table\) cannot be reached: .* gets the predicted latency down to \d+\.\d{3} "
-                              r"ms; analyse larger SensitivityAnalysis\.pruned_ratios")  # fmt: skip
+    assert_user_error(result, r"^error: The latency goal \(1\.000 ms on .*\) is not reachable within the analysed "
+                              r"ratios: the largest plan they allow \(every group at its largest analysed ratio\) "
+                              r"measured .* \d+\.\d{3} ms, dense \d+\.\d{3} ms around it\); lower the target")  # fmt: skip
     assert "reduction" not in result.err.splitlines()[-1]
     assert tree(tmp_path) == before
 
