@@ -3,6 +3,7 @@
 The dataclasses below are the single source of truth for every key, its type and its default. Loading goes
 YAML (parsed with line numbers) -> key checks with suggestions -> ``OmegaConf.merge(schema, yaml, dotted,
 flags)`` -> semantic validation. Every problem is a :class:`~analysis.errors.ConfigError` naming the full key.
+The result is frozen: a step that needs other values gets a new config from :func:`derive`, validated the same way.
 """
 
 from __future__ import annotations
@@ -531,8 +532,8 @@ def derive(config: Config, changes: Mapping[str, Any], *, command_line: bool = T
     Args:
         config: A loaded (validated) config.
         changes: The values to replace, by dotted key.
-        command_line: True when the changes carry out flags the user passed (``plan``'s budgets replacing the
-            file's, ``verify``'s ``--ratios``): the keys then count as given on the command line, as a flag would
+        command_line: True when the changes carry out flags the user passed (``plan``'s budget flags leaving out
+            the file's other budgets): the keys then count as given on the command line, as a flag would
             (``explicit_keys`` and ``command_line_keys``, which :mod:`analysis.trust` honours). False for values the
             tool works out itself (a model's own preprocessing, a torchrun rank's device): both lists stay as they
             were, and turning on a setting that runs code is refused.
