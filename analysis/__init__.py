@@ -36,6 +36,7 @@ _EXPORTS = {
     "count_cost": "analysis.structure.flops",
     "count_flops_params": "analysis.compat.counter",
     "dependency_sets": "analysis.compat.topology",
+    "derive": "analysis.config",
     "evaluate": "analysis.engine.evaluate",
     "export_csv": "analysis.io.tables",
     "export_pruned": "analysis.planning.export",
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
     from analysis.compat.nni import SensitivityAnalysis
     from analysis.compat.paddleslim import analysis_prune
     from analysis.compat.topology import ChannelDependency, dependency_sets, not_safe_to_prune
-    from analysis.config import Config, load_config
+    from analysis.config import Config, derive, load_config
     from analysis.engine.evaluate import EvalResult, evaluate
     from analysis.errors import AnalysisFileError, ConfigError, DataError, ModelError, UserError
     from analysis.inputs.data import build_eval_loader
@@ -114,6 +115,7 @@ __all__ = [
     "count_cost",
     "count_flops_params",
     "dependency_sets",
+    "derive",
     "evaluate",
     "export_csv",
     "export_pruned",

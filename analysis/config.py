@@ -3,6 +3,7 @@
 The dataclasses below are the single source of truth for every key, its type and its default. Loading goes
 YAML (parsed with line numbers) -> key checks with suggestions -> ``OmegaConf.merge(schema, yaml, dotted,
 flags)`` -> semantic validation. Every problem is a :class:`~analysis.errors.ConfigError` naming the full key.
+The result is frozen: a step that needs other values gets a new config from :func:`derive`, validated the same way.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def setting(
     return field(default_factory=factory, metadata=metadata)
 
 
-@dataclass
+@dataclass(frozen=True)
 class GlobalConfig:
     """The ``Global`` block: where the model and the evaluation data come from and how images are prepared."""
 
@@ -259,7 +260,7 @@ class GlobalConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class SensitivityConfig:
     """The ``SensitivityAnalysis`` block: what to prune, at which ratios, and how to score it."""
 
@@ -473,9 +474,13 @@ class SensitivityConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
-    """The whole resolved configuration, plus what was read but not used."""
+    """The whole resolved configuration, plus what was read but not used.
+
+    Frozen, like its sections: validated once, never written afterwards (a step needing another value derives a new,
+    validated config with :func:`derive`).
+    """
 
     Global: GlobalConfig = field(default_factory=GlobalConfig)
     SensitivityAnalysis: SensitivityConfig = field(default_factory=SensitivityConfig)
@@ -485,6 +490,8 @@ class Config:
     explicit_keys: list[str] = field(default_factory=list, compare=False)  # bookkeeping, not configuration
     # "Section.key" of the keys an override or a flag set: the user's own choices, not the file's
     command_line_keys: list[str] = field(default_factory=list, compare=False)
+    # the ratios YAML ``run.py verify --ratios`` applies: verify and export_dir then need no target in the config
+    ratios_from: str | None = field(default=None, compare=False)
 
 
 SECTIONS: dict[str, type] = {"Global": GlobalConfig, "SensitivityAnalysis": SensitivityConfig}
@@ -496,6 +503,7 @@ def load_config(
     flags: Mapping[str, Any] | None = None,
     *,
     trust_config: bool = False,
+    ratios_from: str | None = None,
 ) -> Config:
     """Load a YAML config and apply overrides.
 
@@ -506,13 +514,17 @@ def load_config(
             Precedence: flags > overrides > YAML > defaults.
         trust_config: Let the file turn on the settings that run code (``runtime_command``, ``trust_model_file``,
             ``trust_arch``; see :mod:`analysis.trust`); without it only ``overrides`` and ``flags`` may.
+        ratios_from: The ratios YAML that ``verify`` and ``export_dir`` apply (``run.py verify --ratios``), so the
+            config needs no budget or ``target_loss`` for them (kept as :attr:`Config.ratios_from`).
 
     Raises:
         ConfigError: For any unreadable file, unknown key, wrong type or out-of-range value, or a setting that runs
             code given by the file alone.
     """
     path = Path(path)
-    return config_from_data(_read_yaml(path), path, overrides, flags, trust_config=trust_config)
+    return config_from_data(
+        _read_yaml(path), path, overrides, flags, trust_config=trust_config, ratios_from=ratios_from
+    )
 
 
 def config_from_data(
@@ -523,6 +535,7 @@ def config_from_data(
     *,
     trust_config: bool = False,
     described_as: str | None = None,
+    ratios_from: str | None = None,
 ) -> Config:
     """Like :func:`load_config`, from an already parsed mapping (e.g. the resolved config an analysis file's sidecar
     keeps, which is a file like any other); ``path`` names where it came from in messages and gives the default
@@ -536,9 +549,70 @@ def config_from_data(
                     for key in block}  # fmt: skip
     _latency_form_from_command_line(sections, command_line)
     layers = (sections, dotted, nested_flags)
+    explicit = {f"{section}.{key}" for layer in layers for section, block in layer.items() for key in block}
+    config = dataclasses.replace(
+        _merged(layers),
+        source=str(path),
+        ignored_blocks=ignored,
+        explicit_keys=sorted(explicit),
+        command_line_keys=sorted(command_line),
+        ratios_from=ratios_from,
+    )
+    resolved = {setting.key: _value(config, setting.key) for setting in CODE_SETTINGS}
+    check_file_settings(
+        resolved, command_line, described_as or str(path), trust_config
+    )  # before anything else is looked at
+    if config.SensitivityAnalysis.analysis_file is None:
+        default = str(Path("outputs") / path.stem / "sensitivity.pkl")
+        config = _with_sections(config, SensitivityAnalysis={"analysis_file": default})
+    return validate(config)
+
+
+def derive(config: Config, changes: Mapping[str, Any], *, command_line: bool = True) -> Config:
+    """A new config: ``config`` with ``changes`` (``{"Section.key": value}``) applied and validated again, by the same
+    type conversion and checks as a loaded one; ``config`` itself is left as it was (configs are frozen).
+
+    Args:
+        config: A loaded (validated) config.
+        changes: The values to replace, by dotted key.
+        command_line: True when the changes carry out flags the user passed (``plan``'s budget flags leaving out
+            the file's other budgets): the keys then count as given on the command line, as a flag would
+            (``explicit_keys`` and ``command_line_keys``, which :mod:`analysis.trust` honours). False for values the
+            tool works out itself (a model's own preprocessing, a torchrun rank's device): both lists stay as they
+            were, and turning on a setting that runs code is refused.
+
+    Raises:
+        ConfigError: For a value the validation refuses, naming its key.
+        KeyError: For a key that is not in the schema (a bug in the caller).
+        ValueError: For a setting that runs code turned on without ``command_line`` (a bug in the caller).
+    """
+    nested: dict[str, dict[str, Any]] = {}
+    for dotted, value in changes.items():
+        section, _, key = dotted.partition(".")
+        if section not in SECTIONS or key not in {f.name for f in dataclasses.fields(SECTIONS[section])}:
+            raise KeyError(f"{dotted} is not a config key (Section.key)")
+        nested.setdefault(section, {})[key] = value
+    if not command_line:
+        for code in CODE_SETTINGS:
+            if code.key in changes and code.active(changes[code.key]):
+                raise ValueError(f"{code.key} {code.does}: only the user turns it on (derive with command_line=True)")
+    current = {name: dataclasses.asdict(getattr(config, name)) for name in SECTIONS}
+    given = set(changes) if command_line else set()
+    derived = dataclasses.replace(
+        _merged((current, nested)),
+        source=config.source,
+        ignored_blocks=list(config.ignored_blocks),
+        explicit_keys=sorted(set(config.explicit_keys) | given),
+        command_line_keys=sorted(set(config.command_line_keys) | given),
+        ratios_from=config.ratios_from,
+    )
+    return validate(derived)
+
+
+def _merged(layers: Sequence[Mapping[str, Mapping[str, Any]]]) -> Config:
+    """The schema merged with ``layers`` (later ones win), types converted and checked; not yet validated."""
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(Config), *layers)
-        config = OmegaConf.to_object(merged)
+        config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), *layers))
     except OmegaConfBaseException as error:
         raise ConfigError(_describe_omegaconf_error(error)) from None
     except TypeError:  # OmegaConf's "Cannot merge incompatible container types" names no key
@@ -548,19 +622,13 @@ def config_from_data(
         raise ConfigError(clash) from None
     assert isinstance(config, Config)
     _check_list_items(config)
-    config.source = str(path)
-    config.ignored_blocks = ignored
-    config.explicit_keys = sorted({f"{section}.{key}" for layer in layers for section, block in layer.items()
-                                   for key in block})  # fmt: skip
-    config.command_line_keys = sorted(command_line)
-    resolved = {setting.key: _value(config, setting.key) for setting in CODE_SETTINGS}
-    check_file_settings(
-        resolved, command_line, described_as or str(path), trust_config
-    )  # before anything else is looked at
-    if config.SensitivityAnalysis.analysis_file is None:
-        config.SensitivityAnalysis.analysis_file = str(Path("outputs") / path.stem / "sensitivity.pkl")
-    validate(config)
     return config
+
+
+def _with_sections(config: Config, **changes: Mapping[str, Any]) -> Config:
+    """``config`` with some values of its sections replaced, unchecked: for building a config before validation."""
+    sections = {name: dataclasses.replace(getattr(config, name), **values) for name, values in changes.items()}
+    return dataclasses.replace(config, **sections)
 
 
 def _value(config: Config, dotted: str) -> Any:
@@ -586,8 +654,9 @@ def _latency_form_from_command_line(sections: dict[str, Any], command_line: set[
         block.pop(other)
 
 
-def validate(config: Config) -> None:
-    """Check values that types alone cannot express; normalise ratios to sorted ``round(r, 6)`` keys."""
+def validate(config: Config) -> Config:
+    """Check values that types alone cannot express; return ``config`` with its ratios normalised to sorted
+    ``round(r, 6)`` keys (the only value validation changes)."""
     g, s = config.Global, config.SensitivityAnalysis
     if not g.data_dir:
         raise ConfigError("Global.data_dir is not set; point it at the folder holding val_list.txt or val/<class>/.")
@@ -644,14 +713,15 @@ def validate(config: Config) -> None:
             f"got {g.seed}."
         )
 
-    validate_section(s)
+    s = validate_section(s)
     if s.adaptive_bn and g.calib_samples == 0:
         raise ConfigError(
             "SensitivityAnalysis.adaptive_bn re-estimates BatchNorm statistics on calibration images, but "
             "Global.calib_samples is 0; set it to a positive number (default 1024)."
         )
-    validate_budget(s)
+    validate_budget(s, ratios_given=config.ratios_from is not None)
     validate_label_free(g, s)
+    return dataclasses.replace(config, SensitivityAnalysis=s)
 
 
 def check_arch_text(g: GlobalConfig) -> None:
@@ -666,9 +736,9 @@ def check_arch_text(g: GlobalConfig) -> None:
 
 def validate_section(
     s: SensitivityConfig, prefix: str = "SensitivityAnalysis.", names: Mapping[str, str] | None = None
-) -> None:
-    """Check the analysis settings the YAML block and the Python APIs share; normalises the ratios to sorted
-    ``round(r, 6)``.
+) -> SensitivityConfig:
+    """Check the analysis settings the YAML block and the Python APIs share; return ``s`` with the ratios normalised
+    to sorted ``round(r, 6)`` (``s`` is frozen: use the returned section).
 
     One function for every entry (``run.py``, ``analysis_prune`` and NNI's ``SensitivityAnalysis``), so they accept
     and refuse the same settings.
@@ -688,7 +758,7 @@ def validate_section(
     def key(name: str) -> str:
         return prefix + renamed.get(name, name)
 
-    s.pruned_ratios = normalise_ratios(s.pruned_ratios, key("pruned_ratios"))
+    s = dataclasses.replace(s, pruned_ratios=normalise_ratios(s.pruned_ratios, key("pruned_ratios")))
     check_target_loss(s.target_loss, key("target_loss"))
     check_choice(key("criterion"), s.criterion, CRITERIA)
     choices = (
@@ -716,11 +786,12 @@ def validate_section(
     check_granularity(s.granularity, s.criterion, prefix)
     if not s.analysis_file:
         raise ConfigError(f"{key('analysis_file')} must not be empty.")
+    return s
 
 
-def validate_budget(s: SensitivityConfig) -> None:
+def validate_budget(s: SensitivityConfig, ratios_given: bool = False) -> None:
     """Budget targets, each a fraction in (0, 1) (any of MACs, params and latency at once, one latency form);
-    ``verify``/``export_dir`` need something to apply."""
+    ``verify``/``export_dir`` need something to apply, unless a ratios file gives it (``ratios_given``)."""
     if s.export_dir is not None and not s.export_dir.strip():
         raise ConfigError("SensitivityAnalysis.export_dir is empty; name a folder (. for the current one).")
     targets = {
@@ -753,7 +824,8 @@ def validate_budget(s: SensitivityConfig) -> None:
             f"SensitivityAnalysis.eval_budget must be a positive number of evaluations, got {s.eval_budget}."
         )
     check_plan_granularity(s)
-    if (s.verify or s.export_dir is not None) and not given and not absolute and s.target_loss is None:
+    applied = given or absolute or s.target_loss is not None or ratios_given
+    if (s.verify or s.export_dir is not None) and not applied:
         key = "verify" if s.verify else "export_dir"
         raise ConfigError(
             f"SensitivityAnalysis.{key} needs ratios to apply: set SensitivityAnalysis.target_macs_reduction, "

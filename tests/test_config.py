@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
 import pytest
 
-from analysis.config import ACT_BLOCKS, load_config, normalise_ratios
+from analysis.config import (
+    ACT_BLOCKS,
+    SensitivityConfig,
+    derive,
+    load_config,
+    normalise_ratios,
+    validate_section,
+)
 from analysis.errors import ConfigError
 
 from helpers import write_config
@@ -236,3 +244,66 @@ def test_the_yaml_and_the_python_apis_refuse_the_same_settings(case: str, tmp_pa
             SensitivityAnalysis(tiny_cnn(), lambda: 0.0, **nni_settings)  # type: ignore[arg-type]
         assert str(from_nni.value) == expected.replace("pruned_ratios", "sparsities")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["c.yaml"]  # refused before anything was written
+
+
+# A loaded config is frozen: a step that needs another value derives a new, validated config
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [("Global", "device", "cpu"), ("SensitivityAnalysis", "verify", True), (None, "command_line_keys", [])],
+)
+def test_a_loaded_config_refuses_assignment(tmp_path: Path, section: str | None, key: str, value: object) -> None:
+    config = load_config(minimal(tmp_path))
+    target = config if section is None else getattr(config, section)
+    before = getattr(target, key)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(target, key, value)
+    assert getattr(target, key) == before
+
+
+def test_derive_returns_a_validated_copy_and_leaves_the_config_as_it_was(tmp_path: Path) -> None:
+    config = load_config(minimal(tmp_path, SensitivityAnalysis={"target_loss": 0.02}))
+    derived = derive(
+        config, {"Global.batch_size": "64", "SensitivityAnalysis.pruned_ratios": [0.30000000000000004, 0.1]}
+    )
+    assert derived.Global.batch_size == 64  # converted like a YAML value
+    assert derived.SensitivityAnalysis.pruned_ratios == [0.1, 0.3]  # normalised like a loaded config's ratios
+    assert (config.Global.batch_size, config.SensitivityAnalysis.pruned_ratios) == (32, [0.1, 0.2, 0.3, 0.4])
+    assert derive(config, {}) == config
+    with pytest.raises(ConfigError, match=r"Global.batch_size must be a positive integer, got 0\."):
+        derive(config, {"Global.batch_size": 0})
+    with pytest.raises(ConfigError, match=r"Global.batch_size must be an integer, got 'many'\."):
+        derive(config, {"Global.batch_size": "many"})
+    with pytest.raises(KeyError, match=r"Global\.batchsize"):
+        derive(config, {"Global.batchsize": 8})
+
+
+def test_derived_values_count_as_command_line_only_when_they_carry_out_a_flag(tmp_path: Path) -> None:
+    config = load_config(minimal(tmp_path), ["Global.seed=3"])
+    assert config.command_line_keys == ["Global.seed"]
+    flagged = derive(config, {"SensitivityAnalysis.target_macs_reduction": 0.4})
+    assert flagged.command_line_keys == ["Global.seed", "SensitivityAnalysis.target_macs_reduction"]
+    assert "SensitivityAnalysis.target_macs_reduction" in flagged.explicit_keys
+    worked_out = derive(config, {"Global.device": "cpu"}, command_line=False)
+    assert (worked_out.command_line_keys, worked_out.explicit_keys) == (config.command_line_keys, config.explicit_keys)
+    with pytest.raises(ValueError, match=r"SensitivityAnalysis\.runtime_command runs a command"):
+        derive(config, {"SensitivityAnalysis.runtime_command": "echo {onnx}"}, command_line=False)
+    given = derive(config, {"SensitivityAnalysis.runtime_command": "echo {onnx}"})  # the user's flag: honoured
+    assert given.SensitivityAnalysis.runtime_command == "echo {onnx}"
+
+
+def test_verify_with_a_ratios_file_needs_no_target(tmp_path: Path) -> None:
+    path = minimal(tmp_path)
+    flags = {"SensitivityAnalysis.verify": True}
+    with pytest.raises(ConfigError, match=r"SensitivityAnalysis\.verify needs ratios to apply"):
+        load_config(path, flags=flags)
+    config = load_config(path, flags=flags, ratios_from="plan.yaml")
+    assert config.SensitivityAnalysis.verify is True and config.ratios_from == "plan.yaml"
+    assert derive(config, {"Global.seed": 1}).ratios_from == "plan.yaml"  # kept: re-validating passes again
+
+
+def test_validate_section_returns_the_normalised_section() -> None:
+    section = SensitivityConfig(analysis_file="s.pkl", pruned_ratios=[0.4, 0.30000000000000004, 0.3])
+    assert validate_section(section).pruned_ratios == [0.3, 0.4]
+    assert section.pruned_ratios == [0.4, 0.30000000000000004, 0.3]  # frozen: the caller's section is untouched

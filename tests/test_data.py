@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import weakref
 from collections import Counter
@@ -164,8 +165,7 @@ def test_loader_yields_normalised_batches_in_order(list_data: Path) -> None:
 def test_loader_with_workers_gives_the_same_batches(list_data: Path) -> None:
     cfg = GlobalConfig(data_dir=str(list_data), batch_size=8, img_size=16, resize_size=16, num_workers=0)
     serial = list(build_eval_loader(cfg, CPU))
-    cfg.num_workers = 2
-    parallel = list(build_eval_loader(cfg, CPU))
+    parallel = list(build_eval_loader(dataclasses.replace(cfg, num_workers=2), CPU))
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(serial, parallel, strict=True))
 
 

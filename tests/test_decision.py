@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from analysis import analysis_prune, find_prunable
-from analysis.config import load_config
+from analysis.config import derive, load_config
 from analysis.engine import executors
 from analysis.engine._adaptive import PairedEstimate
 from analysis.engine._decision import Candidate, DecisionRule, ParamDecision, look_schedule
@@ -172,9 +172,9 @@ def test_a_precision_stops_the_interpolated_pair_early() -> None:
 @pytest.fixture(scope="module")
 def digits() -> tuple[torch.nn.Module, object]:
     """The demo MobileNetV2 and the shipped digits validation set (450 images)."""
-    config = load_config(REPO / "configs" / "demo" / "digits_mobilenet.yaml").Global
-    config.data_dir = str(REPO / "datasets" / "digits")
-    config.model_dir = str(REPO / "datasets" / "digits" / "weights")
+    digits = REPO / "datasets" / "digits"
+    given = {"Global.data_dir": str(digits), "Global.model_dir": str(digits / "weights")}
+    config = derive(load_config(REPO / "configs" / "demo" / "digits_mobilenet.yaml"), given).Global
     loader = build_eval_loader(config, torch.device("cpu"))
     apply_data_cache(loader, "ram", None, progress=False)  # decoded once for the many passes
     return build_model(config), loader

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
+from analysis.cli import _job as cli_job
+from analysis.config import Config, load_config
+from analysis.inputs.build import Inputs
 from analysis.io.results import load_sensitivities, load_sidecar, save_sensitivities, save_sidecar
+from analysis.scale.distributed import Rank
 
 from helpers import REPO
 
@@ -60,3 +68,24 @@ def test_two_ranks_write_the_single_process_file_and_resume_leftover_shards(tmp_
         n: c for n, c in load_sensitivities(reference).items() if n != "layer2.0.conv2.weight"
     }
     assert not resumed.with_name("s.rank1.pkl").exists()
+
+
+def test_a_rank_runs_on_its_local_gpu_and_leaves_the_loaded_config_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = load_config(DEMO, ["Global.device=auto"])
+    built: list[Config] = []
+
+    class Built(Exception):
+        """Stops the rank once its inputs would be built from the config it derived."""
+
+    def build_inputs(derived: Config, progress: bool | None = None, calibration: bool = False) -> Inputs:
+        built.append(derived)
+        raise Built
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(cli_job, "build_inputs", build_inputs)
+    with pytest.raises(Built):
+        cli_job.torchrun_job(config, argparse.Namespace(verbose=True, overwrite=False), Rank(0, 4, local_rank=3))
+    assert built[0].Global.device == "cuda:1"  # local rank 3 on the node's 2 GPUs
+    assert built[0].command_line_keys == config.command_line_keys  # worked out, not the user's choice
+    assert config.Global.device == "auto"

@@ -11,10 +11,14 @@ import pytest
 import torch
 from PIL import Image
 
-from analysis.config import GlobalConfig
+from analysis.config import GlobalConfig, config_from_data
 from analysis.errors import ModelError
 from analysis.inputs.data import Preprocess, load_image, normalize_batch
-from analysis.inputs.model_preprocessing import apply_model_preprocessing, model_preprocessing
+from analysis.inputs.model_preprocessing import (
+    model_preprocessing,
+    resolve_model_preprocessing,
+    with_model_preprocessing,
+)
 from analysis.inputs.models import build_model
 from analysis.io.results import load_sidecar
 
@@ -53,10 +57,13 @@ def test_resolved_preprocessing_equals_timms_own_transform_bit_for_bit(tmp_path:
 
 
 def test_keys_the_yaml_sets_win_over_the_models_own() -> None:
-    g = GlobalConfig(arch="timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k", resize_size=230, interpolation="bilinear")
-    resolved = apply_model_preprocessing(g, explicit={"resize_size", "interpolation"})
+    block = {"arch": "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k", "resize_size": 230, "interpolation": "bilinear"}
+    config = config_from_data({"Global": {**block, "data_dir": "data"}}, "vit.yaml")
+    resolved = resolve_model_preprocessing(config)
     assert resolved is not None and resolved.resize_size == 248
+    g = with_model_preprocessing(config, resolved).Global
     assert (g.img_size, g.resize_size, g.interpolation, g.mean, g.std) == (224, 230, "bilinear", [0.5] * 3, [0.5] * 3)
+    assert config.Global.mean == [0.485, 0.456, 0.406]  # derived: the loaded config is left as it was
 
 
 def test_torchvision_weights_bring_their_own_transforms() -> None:

@@ -11,7 +11,7 @@ from analysis import __version__
 from analysis.cli._exit import EXIT_OK
 from analysis.cli._logs import setup_logging
 from analysis.cli._parser import CommandParser
-from analysis.config import Config, check_latency_settings_used, describe, load_config
+from analysis.config import Config, check_latency_settings_used, derive, describe, load_config
 from analysis.engine.loss import format_metrics
 from analysis.engine.run import AnalysisOutcome
 from analysis.errors import ConfigError
@@ -146,9 +146,10 @@ def finish(outcome: AnalysisOutcome, config: Config, args: argparse.Namespace) -
 
 def torchrun_job(config: Config, args: argparse.Namespace, rank: Rank) -> int:
     """The main job as one rank of a torchrun job (see :mod:`analysis.scale.distributed`); rank 0 prints and reports."""
+    # this rank's device, derived (the inputs and the sidecar take it from Global.device)
+    config = derive(config, {"Global.device": rank_device(config.Global.device, rank)}, command_line=False)
     g, s = config.Global, config.SensitivityAnalysis
     assert s.analysis_file is not None
-    g.device = rank_device(g.device, rank)
     if not rank.leader and not args.verbose:
         setup_logging(quiet=True)
     if rank.leader:

@@ -16,8 +16,8 @@ from analysis.config import (
     PLAN_METHODS,
     Config,
     check_latency_settings_used,
-    check_plan_granularity,
     config_from_data,
+    derive,
     load_config,
 )
 from analysis.errors import ConfigError
@@ -120,11 +120,12 @@ def plan_main(args: argparse.Namespace) -> int:
     config = load_config(args.config_path, args.overrides, flags, trust_config=args.trust_config)
     given = [key for key in BUDGET_KEYS if flags[f"SensitivityAnalysis.{key}"] is not None]
     if given:  # budgets on the command line are the plan's: the config's others do not join them
-        for key in BUDGET_KEYS:
-            if key not in given and getattr(config.SensitivityAnalysis, key) is not None:
-                logger.info("SensitivityAnalysis.%s of the config is left out: the command line gives the budgets.",
-                            key)  # fmt: skip
-                setattr(config.SensitivityAnalysis, key, None)
+        left_out = [
+            key for key in BUDGET_KEYS if key not in given and getattr(config.SensitivityAnalysis, key) is not None
+        ]
+        for key in left_out:
+            logger.info("SensitivityAnalysis.%s of the config is left out: the command line gives the budgets.", key)
+        config = derive(config, {f"SensitivityAnalysis.{key}": None for key in left_out})  # the flags' doing
     if not budgets(config):
         raise ConfigError("run.py plan needs a budget: --target_macs_reduction, --target_params_reduction, "
                           "--target_latency_reduction or --target_latency_ms (or the same key in the config's "
@@ -148,9 +149,15 @@ def verify_main(args: argparse.Namespace) -> int:
     if args.export_dir is not None:
         check_output_folder(args.export_dir, "--export_dir")
     record = load_record(args.analysis_file)  # read once: the config it records, then every step of the plan
-    flags = {"SensitivityAnalysis.analysis_file": args.analysis_file}
+    # --ratios gives the ratios, so verifying and exporting need no target in the config (ratios_from)
+    flags = {
+        "SensitivityAnalysis.analysis_file": args.analysis_file,
+        "SensitivityAnalysis.verify": True,
+        "SensitivityAnalysis.export_dir": args.export_dir,
+    }
     if args.config_path:
-        config = load_config(args.config_path, args.overrides, flags, trust_config=args.trust_config)
+        config = load_config(args.config_path, args.overrides, flags, trust_config=args.trust_config,
+                             ratios_from=args.ratios)  # fmt: skip
     else:
         stored = record.config or ConfigRecord()
         raw = stored.cli_config(**dict.fromkeys(BUDGET_KEYS))
@@ -159,12 +166,8 @@ def verify_main(args: argparse.Namespace) -> int:
                               "pass --config_path.")  # fmt: skip
         recorded = f"the config {sidecar_path(args.analysis_file)} recorded"
         config = config_from_data(raw, stored.source or args.analysis_file, args.overrides, flags,
-                                  trust_config=args.trust_config, described_as=recorded)  # fmt: skip
-    # --ratios gives the ratios, so verifying and exporting need no target in the config: set after its validation
-    config.SensitivityAnalysis.verify = True
-    if args.export_dir is not None:
-        config.SensitivityAnalysis.export_dir = args.export_dir
-    check_plan_granularity(config.SensitivityAnalysis)
+                                  trust_config=args.trust_config, described_as=recorded,
+                                  ratios_from=args.ratios)  # fmt: skip
     check_latency_settings_used(config)
     check_runtime(config)
     check_config_outputs(config, "--export_dir" if args.export_dir is not None else "SensitivityAnalysis.export_dir")

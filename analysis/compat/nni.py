@@ -106,7 +106,7 @@ class SensitivityAnalysis:
             hint = did_you_mean(prune_type, PRUNE_TYPES)
             raise ConfigError(f"prune_type must be one of {', '.join(PRUNE_TYPES)}, got '{prune_type}'{hint}.")
         self.element = prune_type == "level"
-        self._section = SensitivityConfig(
+        section = SensitivityConfig(
             analysis_file=TEMPORARY_FILE if analysis_file is None else str(analysis_file),
             pruned_ratios=list(DEFAULT_SPARSITIES) if ratios is None else ratios,
             criterion="l1_norm" if self.element else PRUNE_TYPES[prune_type],
@@ -116,7 +116,7 @@ class SensitivityAnalysis:
             early_stop_mode=early_stop_mode,
             early_stop_value=early_stop_value,
         )
-        validate_section(self._section, prefix="", names=NNI_NAMES)  # the YAML's checks: both refuse the same
+        self._section = validate_section(section, prefix="", names=NNI_NAMES)  # the YAML's checks: both refuse the same
         if dummy_input is not None:
             dummy_input = ImageConversion("dummy_input", floating_dtype(model))(dummy_input)
         self.model = model

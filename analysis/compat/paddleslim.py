@@ -151,7 +151,7 @@ def analysis_prune(
     seed = arguments.integer("seed", seed)
     check_choice("numerics", arguments.text("numerics", numerics), NUMERICS_MODES)
     example_input = arguments.optional(arguments.tensor, "example_input", example_input)
-    validate_section(section, prefix="")  # the YAML's own checks: both entries refuse the same settings
+    section = validate_section(section, prefix="")  # the YAML's own checks: both entries refuse the same settings
     ratios = section.pruned_ratios
     prune_params, units = section.prune_params_name, section.units
     if units is None and granularity == "filter":
@@ -166,7 +166,7 @@ def analysis_prune(
         if example_input is None:
             raise ConfigError("example_input is required when data is an eval function (it is used for tracing).")
         evaluate_model, fingerprint, batches = _function_evaluator(data), None, None
-        metric = section.metric = "score"  # the eval function's score, whatever ``metric`` said
+        metric = "score"  # the eval function's score, whatever ``metric`` said
     else:
         labels = Labels.OPTIONAL if metric in LABEL_FREE_METRICS else Labels.REQUIRED
         checked = checked_batches(data, BatchCheck(ImageConversion("data", dtype), labels, _class_count(model, device)))
@@ -178,7 +178,7 @@ def analysis_prune(
         example_input = checked.images if example_input is None else example_input
         fingerprint = _batch_fingerprint(checked.images, checked.labels)
     settings = EngineSettings.from_section(
-        section, seed=seed, numerics=numerics, progress=progress, early_stop=early_stop
+        section, seed=seed, numerics=numerics, progress=progress, early_stop=early_stop, metric=metric
     )
     calibration_fingerprint = None
     if calibration is not None:  # checked whenever given, used with adaptive_bn

@@ -14,7 +14,12 @@ from analysis.config import Config
 from analysis.inputs.calibration import CalibrationSet, build_calibration_set
 from analysis.inputs.data import EvalLoader, apply_data_cache, build_eval_loader
 from analysis.inputs.device import resolve_device
-from analysis.inputs.model_preprocessing import PREPROCESSING_KEYS, ModelPreprocessing, apply_model_preprocessing
+from analysis.inputs.model_preprocessing import (
+    PREPROCESSING_KEYS,
+    ModelPreprocessing,
+    resolve_model_preprocessing,
+    with_model_preprocessing,
+)
 from analysis.inputs.models import build_model, count_outputs, random_weights_warning
 
 logger = logging.getLogger(__name__)
@@ -31,7 +36,8 @@ class Inputs:
     example_input: torch.Tensor
     calibration: CalibrationSet | None = None
     random_weights: bool = False
-    preprocessing: ModelPreprocessing | None = None  # the model's own, when it filled keys the YAML left unset
+    # the model's own, when it filled keys the YAML left unset (with_model_preprocessing gives the config they make)
+    preprocessing: ModelPreprocessing | None = None
 
 
 def build_inputs(config: Config, progress: bool | None = None, calibration: bool = False) -> Inputs:
@@ -39,16 +45,15 @@ def build_inputs(config: Config, progress: bool | None = None, calibration: bool
     ``calibration`` its calibration images for BatchNorm re-estimation (always decoded into RAM, so that a broken
     one fails before any output is written). On a GPU both decoded caches are then kept in GPU memory or pinned
     host memory (``Global.device_cache_share``; the placements are in ``loader.cache_placement``)."""
-    g = config.Global
-    device = resolve_device(g.device)
-    torch.manual_seed(g.seed)
-    random_weights = random_weights_warning(g)
+    device = resolve_device(config.Global.device)
+    torch.manual_seed(config.Global.seed)
+    random_weights = random_weights_warning(config.Global)
     if random_weights is not None:
         logger.warning(random_weights)
-    explicit = {key.removeprefix("Global.") for key in config.explicit_keys if key.startswith("Global.")}
-    preprocessing = apply_model_preprocessing(g, explicit)
+    preprocessing = resolve_model_preprocessing(config)
+    g = with_model_preprocessing(config, preprocessing).Global  # the keys the YAML leaves unset: the model's own
     if preprocessing is not None:
-        chosen = ", ".join(f"{key}={getattr(g, key)}" + (" (YAML)" if key in explicit else "")
+        chosen = ", ".join(f"{key}={getattr(g, key)}" + (" (YAML)" if f"Global.{key}" in config.explicit_keys else "")
                            for key in PREPROCESSING_KEYS)  # fmt: skip
         logger.info("preprocessing from %s: %s", preprocessing.source, chosen)
     loader = build_eval_loader(g, device)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torchvision
 
-from analysis.config import INTERPOLATIONS, GlobalConfig
+from analysis.config import INTERPOLATIONS, Config, GlobalConfig, derive
 from analysis.errors import ModelError
 from analysis.inputs.timm_models import is_timm_arch, optional_module, timm_model_name
 
@@ -52,23 +52,33 @@ def model_preprocessing(g: GlobalConfig) -> ModelPreprocessing | None:
     return None
 
 
-def apply_model_preprocessing(g: GlobalConfig, explicit: Collection[str]) -> ModelPreprocessing | None:
-    """Set the preprocessing keys of ``g`` that are not in ``explicit`` (set by the YAML, an override or a flag) to
-    the model's own; returns what was resolved (None when the model has no published preprocessing)."""
-    if all(key in explicit for key in PREPROCESSING_KEYS):
+def resolve_model_preprocessing(config: Config) -> ModelPreprocessing | None:
+    """The model's own preprocessing when ``config`` leaves some of its keys unset (none set by the YAML, an
+    override or a flag: ``Config.explicit_keys``); None when it sets them all or the model has none."""
+    if all(f"Global.{key}" in config.explicit_keys for key in PREPROCESSING_KEYS):
         return None
-    resolved = model_preprocessing(g)
-    if resolved is None:
-        return None
-    for key, value in resolved.values().items():
-        if key not in explicit:
-            setattr(g, key, value)
-    if g.resize_size < g.img_size:
+    return model_preprocessing(config.Global)
+
+
+def with_model_preprocessing(config: Config, preprocessing: ModelPreprocessing | None) -> Config:
+    """``config`` with the preprocessing keys it leaves unset taken from ``preprocessing`` (the model's own), as a new
+    validated config; ``config`` itself when ``preprocessing`` is None.
+
+    Raises:
+        ModelError: The keys so resolved make a resize smaller than the crop; the message says to set both.
+    """
+    if preprocessing is None:
+        return config
+    g = config.Global
+    unset = {key: value for key, value in preprocessing.values().items() if f"Global.{key}" not in config.explicit_keys}
+    resize_size, img_size = unset.get("resize_size", g.resize_size), unset.get("img_size", g.img_size)
+    assert isinstance(resize_size, int) and isinstance(img_size, int)
+    if resize_size < img_size:
         raise ModelError(
-            f"Global.resize_size ({g.resize_size}) is smaller than Global.img_size ({g.img_size}) once "
-            f"{resolved.source} fills the keys the YAML leaves unset; set both explicitly."
+            f"Global.resize_size ({resize_size}) is smaller than Global.img_size ({img_size}) once "
+            f"{preprocessing.source} fills the keys the YAML leaves unset; set both explicitly."
         )
-    return resolved
+    return derive(config, {f"Global.{key}": value for key, value in unset.items()}, command_line=False)
 
 
 def _timm_preprocessing(arch: str) -> ModelPreprocessing | None:

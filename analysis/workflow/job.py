@@ -17,6 +17,7 @@ from analysis.engine.run import AnalysisOutcome
 from analysis.engine.settings import AnalysisData, EngineSettings
 from analysis.errors import ConfigError
 from analysis.inputs.build import Inputs, build_inputs, needs_calibration
+from analysis.inputs.model_preprocessing import with_model_preprocessing
 from analysis.scale.shards import ShardSpec
 from analysis.workflow.analyse import Selection, run_analysis
 
@@ -71,7 +72,9 @@ def run_job(
 def _config_record(config: Config, inputs: Inputs) -> dict[str, Any]:
     """The resolved config as the sidecar records it, with what the inputs added: whether the weights are random and
     where the preprocessing keys the YAML left unset came from."""
-    record = {key: value for key, value in dataclasses.asdict(config).items() if key != "explicit_keys"}
+    resolved = with_model_preprocessing(config, inputs.preprocessing)
+    bookkeeping = ("explicit_keys", "ratios_from")
+    record = {key: value for key, value in dataclasses.asdict(resolved).items() if key not in bookkeeping}
     if inputs.random_weights:
         record["random_weights"] = True
     if inputs.preprocessing is not None:
