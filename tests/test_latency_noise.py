@@ -151,8 +151,8 @@ def test_a_drifting_comparison_is_taken_again_and_the_least_drifting_kept() -> N
 
 def test_a_goal_the_table_underrates_is_planned_after_measuring_the_largest_plan(setting: Any) -> None:
     """Latency concave in MACs (the fifth root): groups pruned together save more than their savings alone add up
-    to, so the table says the goal is out of reach; the largest plan the analysed ratios allow is measured, reaches it, and the latency
-    model refitted to it finds a plan that is met as measured."""
+    to, so the table says the goal is out of reach; the largest plan the analysed ratios allow is measured, reaches
+    it, and the latency model refitted to it finds a plan that is met as measured."""
     model, example, path = setting
     runtime = MacsRuntime(example, power=0.2)
     with eval_mode(model):
