@@ -77,6 +77,12 @@ def unregister(module_type: type[nn.Module]) -> None:
     _REGISTERED.pop(module_type, None)
 
 
+def sizes_attribute(module: nn.Module) -> str | None:
+    """The attribute in which ``module`` stores the sizes its forward cuts its channels with, or None."""
+    sizes = _REGISTERED.get(type(module)) or STORED_SIZES.get((type(module).__module__, type(module).__name__))
+    return sizes.attribute if sizes is not None else None
+
+
 def stored_sizes(module: nn.Module, cut: Cut) -> StoredSizes | None:
     """How ``module``'s stored sizes follow ``cut`` after a removal, or None."""
     sizes = _REGISTERED.get(type(module)) or STORED_SIZES.get((type(module).__module__, type(module).__name__))
