@@ -192,13 +192,16 @@ def test_the_dense_model_is_untouched(traces: list[nn.Module]) -> None:
 
 
 def test_heads_need_no_graph_and_heads_with_channels_remove_one_group_at_a_time(traces: list[nn.Module]) -> None:
-    """A plan of heads alone traces nothing; one that mixes heads and channels falls back to a trace of the partly
-    pruned copy per channel removal (the model's graph no longer fits its attention modules once heads are gone)."""
+    """A plan of heads alone (or of nothing) traces nothing; one that mixes heads and channels falls back to a trace
+    of the partly pruned copy per channel removal (the model's graph no longer fits its attention modules once heads
+    are gone)."""
     model, x = random_model(vit), torch.randn(2, 3, 32, 32)
     heads = [("encoder.layers.encoder_layer_0.self_attention", [1]), ("encoder.layers.encoder_layer_1.self_attention",
                                                                        [0])]  # fmt: skip
     pruned = jointly_pruned_copy(model, heads, x)
     assert traces == [] and pruned.encoder.layers[0].self_attention.num_heads == 1
+    assert_same_copy(jointly_pruned_copy(model, [], x), model, x)
+    assert traces == []
     mixed = [*heads, ("conv_proj", [1, 3, 6]), ("encoder.layers.encoder_layer_0.mlp.0", [0, 5])]
     pruned = jointly_pruned_copy(model, mixed, x)
     assert len(traces) == 2 and all(traced is not model for traced in traces)

@@ -65,7 +65,7 @@ def jointly_pruned_copy(
     clone: nn.Module = _deepcopy(model, {})
     for name, channels in heads:
         remove_heads(clone, name, channels)
-    if heads:
+    if heads or not roots:
         return clone.eval()
     graph = model_graph(model, example_input)
     module_names = {module: name for name, module in model.named_modules()}
@@ -113,9 +113,9 @@ def model_graph(model: nn.Module, example_input: torch.Tensor) -> tp.DependencyG
     unchanged: the same module and parameter objects at the same names with the same shapes, buffers of the same
     shapes, and an example of the same sample shape, dtype and device. Removal replaces parameters and modules, so a
     model pruned in place is traced again; new weight values in the same parameters keep the graph (it holds no
-    values). The graphs of the :data:`GRAPHS_KEPT` models used last are kept: a graph holds its model, so a cache
-    keyed weakly on the model would keep every model alive; a small bound keeps at most that many alive instead
-    (:func:`forget_graphs` drops them).
+    values). The graphs of the :data:`GRAPHS_KEPT` models used last are kept, by model identity: a graph refers to
+    its model, so a weak-keyed cache would never let go of a model either (its value keeps the key alive); the bound
+    keeps at most that many models alive (:func:`forget_graphs` drops them).
     """
     layout = _layout(model, example_input)
     held = _graphs.get(id(model))
