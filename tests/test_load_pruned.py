@@ -151,3 +151,45 @@ def test_layer_subclasses_extras_and_cut_sizes_follow_the_export(tmp_path: Path)
             torch.testing.assert_close(loaded(x), pruned(x), rtol=0, atol=0)
     finally:
         unregister(SplitNet)
+
+
+class Mixer(nn.Module):
+    """A layer whose width cannot change (its ``linear`` reads it), registered with a ``FixedWidthPruner``."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.linear(x.mean(dim=(2, 3)))[:, :, None, None]
+
+
+class FixedWidthNet(nn.Module):
+    """A prunable conv whose group the fixed-width ``Mixer`` is not in, then the mixer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.conv, self.mixer = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 6, 3, padding=1), Mixer(6)
+        self.head = nn.Linear(6, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.mixer(self.conv(torch.relu(self.stem(x)))).mean(dim=(2, 3)))
+
+
+def test_a_model_with_a_fixed_width_layer_exports_and_reloads(tmp_path: Path) -> None:
+    """A fixed-width customised layer (torchvision MaxViT's attention) has no channels to record: the export
+    asked its pruner for them and failed."""
+    from analysis.structure import custom_layers
+
+    custom_layers.register(Mixer, custom_layers.FixedWidthPruner("its width is fixed", "linear"))
+    try:
+        model, x = random_model(FixedWidthNet, 0), torch.randn(2, 3, 8, 8)
+        pruned = jointly_pruned_copy(model, [("stem", [0, 5])], x)
+        export_pruned(pruned, model, tmp_path)
+        assert "mixer" not in json.loads((tmp_path / "pruned_channels.json").read_text())["changed_layers"]
+        loaded = load_pruned(random_model(FixedWidthNet, 1), tmp_path)
+        assert loaded.stem.out_channels == 6
+        with torch.inference_mode():
+            torch.testing.assert_close(loaded(x), pruned(x), rtol=0, atol=0)
+    finally:
+        custom_layers.unregister(Mixer)

@@ -27,7 +27,7 @@ from analysis.inputs.models import PRIVATE_MODULE_PREFIX
 from analysis.io.export_files import CHANNELS_FILE, MODEL_FILE, STATE_DICT_FILE
 from analysis.io.staged import StagedFiles
 from analysis.structure.attention_stream import sync_stored_widths
-from analysis.structure.custom_layers import customized_pruners
+from analysis.structure.custom_layers import ChannelPruner, customized_pruners
 from analysis.structure.cuts import sizes_attribute
 from analysis.structure.heads import PrunedMultiheadAttention, is_attention, with_heads
 
@@ -47,8 +47,8 @@ def layer_shapes(model: nn.Module) -> dict[str, dict[str, Any]]:
             shapes[name] = {"type": "PrunedMultiheadAttention", **module.sizes()}
         elif is_attention(module):
             shapes[name] = {"type": kind, "num_heads": module.num_heads}
-        elif type(module) in custom:
-            shapes[name] = {"type": kind, "channels": custom[type(module)].channels(module)}
+        elif isinstance(pruner := custom.get(type(module)), ChannelPruner):  # a fixed-width layer keeps its width
+            shapes[name] = {"type": kind, "channels": pruner.channels(module)}
         elif isinstance(module, nn.modules.conv._ConvNd):
             shapes[name] = {"type": kind, "in_channels": module.in_channels,
                             "out_channels": module.out_channels, "groups": module.groups}  # fmt: skip
@@ -196,7 +196,7 @@ def _resized(old: nn.Module, shape: Mapping[str, Any]) -> nn.Module:
         sizes = {k: shape[k] for k in ("embed_dim", "num_heads", "head_dim", "bias", "batch_first", "dropout")}
         return PrunedMultiheadAttention(**sizes).to(device)
     custom = customized_pruners().get(type(old))
-    if custom is not None:  # its own pruner shrinks it (the state dict then brings the values)
+    if isinstance(custom, ChannelPruner):  # its own pruner shrinks it (the state dict then brings the values)
         custom.remove(old, list(range(shape["channels"], custom.channels(old))))
         return old
     if is_attention(old):
