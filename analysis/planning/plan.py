@@ -49,12 +49,12 @@ from analysis.structure.criteria import allowed_counts, channel_scores, lowest_c
 from analysis.structure.flops import Cost, CostModel, ShapeDelta, cost_summary
 from analysis.structure.groups import (
     PrunableUnit,
-    build_dependency_graph,
     describe_units,
     eval_mode,
     execution_order,
     removal_group,
 )
+from analysis.structure.physical import model_graph
 
 logger = logging.getLogger(__name__)
 
@@ -469,7 +469,7 @@ class Planner:
         reduction it stands for."""
         self._group_key: dict[str, str] = {}
         self.settings = dict(settings)
-        self.graph: tp.DependencyGraph = build_dependency_graph(model, example_input)
+        self.graph: tp.DependencyGraph = model_graph(model, example_input)  # the one the plan's copies reuse
         self.params = describe_units(model, self.graph, execution_order(model, example_input))
         self.costs = CostModel(model, example_input)
         self.by_name = {p.name: p for p in self.params if p.prunable}

@@ -77,6 +77,12 @@ def unregister(module_type: type[nn.Module]) -> None:
     _REGISTERED.pop(module_type, None)
 
 
+def sizes_attribute(module: nn.Module) -> str | None:
+    """The attribute in which ``module`` stores the sizes its forward cuts its channels with, or None."""
+    sizes = _REGISTERED.get(type(module)) or STORED_SIZES.get((type(module).__module__, type(module).__name__))
+    return sizes.attribute if sizes is not None else None
+
+
 def stored_sizes(module: nn.Module, cut: Cut) -> StoredSizes | None:
     """How ``module``'s stored sizes follow ``cut`` after a removal, or None."""
     sizes = _REGISTERED.get(type(module)) or STORED_SIZES.get((type(module).__module__, type(module).__name__))
@@ -113,13 +119,29 @@ def cut_problem(graph: CoupledGraph, root: nn.Module, channels: int) -> str | No
 def follow_cuts(graph: CoupledGraph, root: nn.Module, channels: Sequence[int], clone: nn.Module) -> None:
     """After removing ``channels`` of ``root`` from ``clone`` (the model ``graph`` was traced on), rewrite the stored
     sizes of the cuts they pass; a cut that would go wrong is an error (discovery leaves such units out)."""
-    coupling = flow_coupling(graph, root, channels)
+    follow_joint_cuts(graph, [(root, channels)], clone)
+
+
+def follow_joint_cuts(
+    graph: CoupledGraph, removals: Sequence[tuple[nn.Module, Sequence[int]]], clone: nn.Module
+) -> None:
+    """:func:`follow_cuts` for several ``(root, channels)`` removals of ``graph``'s model made together on ``clone``:
+    each cut any of them passes is rewritten once, for everything they remove together (a cut that two groups pass,
+    rewritten for each on its own, would keep the other's channels)."""
     flow = graph.flow
-    if coupling is None or flow is None:
+    if flow is None:
         return
-    produced = flow.produced(graph.names[root])
-    removed = {flow.group_of(produced[c]) for c in channels}
-    for cut in coupling.cuts:
+    removed: set[int] = set()
+    cuts: dict[tuple[str, str, tuple[int, ...]], Cut] = {}
+    for root, channels in removals:
+        coupling = flow_coupling(graph, root, channels)
+        if coupling is None:
+            continue
+        produced = flow.produced(graph.names[root])
+        removed.update(flow.group_of(produced[c]) for c in channels)
+        for cut in coupling.cuts:
+            cuts.setdefault((cut.module, cut.where, cut.source), cut)
+    for cut in cuts.values():
         module = _module(clone, cut.module)
         sizes = stored_sizes(module, cut)
         if sizes is not None:

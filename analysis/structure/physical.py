@@ -6,8 +6,9 @@ each conv group keeps its own surviving positions, which is what removing those 
 customised pruner (:mod:`analysis.structure.custom_layers`) are removed by it: the dependency graph holds it as their
 handler. Attention heads are removed by :func:`analysis.structure.heads.remove_heads`.
 
-:func:`pruned_copy` makes an independent copy (for evaluation, re-estimation, export); :func:`checking_copy` makes
-the cheap one the per-unit mask check needs (it shares untouched tensors and reuses the model's dependency graph).
+:func:`pruned_copy` and :func:`jointly_pruned_copy` make an independent copy (for evaluation, re-estimation, export)
+from the model's own dependency graph, traced once per model (:func:`model_graph`); :func:`checking_copy` makes the
+cheap one the per-unit mask check needs (it shares untouched tensors and reuses the graph the caller holds).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import nn
 
 from analysis.structure.attention_stream import sync_stored_widths
 from analysis.structure.custom_layers import channel_pruner
-from analysis.structure.cuts import follow_cuts
+from analysis.structure.cuts import follow_cuts, follow_joint_cuts
 from analysis.structure.flow_groups import CoupledGraph
 from analysis.structure.groups import (
     build_dependency_graph,
@@ -47,13 +48,103 @@ def jointly_pruned_copy(
     model: nn.Module, removals: Sequence[tuple[str, Sequence[int]]], example_input: torch.Tensor
 ) -> nn.Module:
     """Return a deep copy of ``model`` with every ``(root name, output channels or heads)`` removal applied, each
-    with its group. Channel indices refer to the unpruned model: groups are disjoint in the channels they remove,
-    and the dependency graph is rebuilt after each removal so that concatenations see the current channel offsets."""
+    with its group. Channel indices refer to the unpruned model.
+
+    Every group is taken from ``model``'s own dependency graph (:func:`model_graph`: traced once per model), and each
+    layer side the groups touch loses the union of the indices they give it, once, on the copy. That is what removing
+    the groups one after another means (a consumer of a concatenation loses each group's slice at its offset in the
+    unpruned tensor), without tracing each partly pruned copy anew. A plan of heads alone needs no graph. A plan that
+    removes heads and channels falls back to the removal one group at a time on a graph of the partly pruned copy
+    (:func:`rebuilt_pruned_copy`): heads are removed first, and the model's graph no longer describes the copy's
+    attention modules after that.
+    """
+    roots = [(model.get_submodule(name), name, channels) for name, channels in removals]
+    heads = [(name, channels) for root, name, channels in roots if is_attention(root)]
+    if heads and len(heads) < len(roots):
+        return rebuilt_pruned_copy(model, removals, example_input)
+    clone: nn.Module = _deepcopy(model, {})
+    for name, channels in heads:
+        remove_heads(clone, name, channels)
+    if heads or not roots:
+        return clone.eval()
+    graph = model_graph(model, example_input)
+    module_names = {module: name for name, module in model.named_modules()}
+    param_names = {param: name for name, param in model.named_parameters()}
+
+    def counterpart(layer: Any) -> Any:
+        """The clone's module or parameter at ``layer``'s place in ``model``; None for Torch-Pruning's op nodes."""
+        if isinstance(layer, nn.Parameter):
+            return clone.get_parameter(param_names[layer])
+        return clone.get_submodule(module_names[layer]) if layer in module_names else None
+
+    merged: dict[tuple[Any, Any, Any], tuple[Any, set[int]]] = {}
+    for root, name, channels in roots:
+        assert unit_kind(root) is not None, f"{name} is not a unit root"
+        for item in removal_group(graph, root, channels):
+            dependency = item.dep
+            key = (dependency.target.module, dependency.handler, dependency.target.pruning_dim)
+            merged.setdefault(key, (item, set()))[1].update(int(i) for i in item.idxs)
+    _apply_items(clone, graph, [(item, sorted(idxs)) for item, idxs in merged.values()], counterpart, param_names)
+    if isinstance(graph, CoupledGraph):
+        follow_joint_cuts(graph, [(root, channels) for root, _, channels in roots], clone)
+    return clone.eval()
+
+
+def rebuilt_pruned_copy(
+    model: nn.Module, removals: Sequence[tuple[str, Sequence[int]]], example_input: torch.Tensor
+) -> nn.Module:
+    """:func:`jointly_pruned_copy` made one removal at a time, each on a new dependency graph of the partly pruned
+    copy (so that concatenations see the current channel offsets); heads are removed first, on the module they
+    were named on. It traces the copy once per channel removal: the way for plans that mix heads and channels."""
     clone = copy.deepcopy(model)
     heads_first = sorted(removals, key=lambda removal: not is_attention(model.get_submodule(removal[0])))
-    for root_name, channels in heads_first:  # heads first: a head removal needs the attention module it was named on
+    for root_name, channels in heads_first:
         _remove_channels(clone, root_name, channels, example_input)
     return clone.eval()
+
+
+GRAPHS_KEPT = 2
+"""How many models' dependency graphs :func:`model_graph` keeps (the most recently used)."""
+_graphs: OrderedDict[int, tuple[nn.Module, tuple[Any, ...], tp.DependencyGraph]] = OrderedDict()
+
+
+def model_graph(model: nn.Module, example_input: torch.Tensor) -> tp.DependencyGraph:
+    """``model``'s dependency graph (:func:`build_dependency_graph`), traced once and kept while ``model``'s layout is
+    unchanged: the same module and parameter objects at the same names with the same shapes, buffers of the same
+    shapes, and an example of the same sample shape, dtype and device. Removal replaces parameters and modules, so a
+    model pruned in place is traced again; new weight values in the same parameters keep the graph (it holds no
+    values). The graphs of the :data:`GRAPHS_KEPT` models used last are kept, by model identity: a graph refers to
+    its model, so a weak-keyed cache would never let go of a model either (its value keeps the key alive); the bound
+    keeps at most that many models alive (:func:`forget_graphs` drops them).
+    """
+    layout = _layout(model, example_input)
+    held = _graphs.get(id(model))
+    if held is not None and held[0] is model and held[1] == layout:
+        _graphs.move_to_end(id(model))
+        return held[2]
+    graph = build_dependency_graph(model, example_input)
+    _graphs[id(model)] = (model, _layout(model, example_input), graph)  # the trace leaves the layout as it was
+    _graphs.move_to_end(id(model))
+    while len(_graphs) > GRAPHS_KEPT:
+        _graphs.popitem(last=False)
+    return graph
+
+
+def forget_graphs() -> None:
+    """Drop every graph :func:`model_graph` keeps (and with them the models they hold)."""
+    _graphs.clear()
+
+
+def _layout(model: nn.Module, example_input: torch.Tensor) -> tuple[Any, ...]:
+    """What a dependency graph of ``model`` depends on besides weight values (see :func:`model_graph`)."""
+    return (
+        tuple(example_input.shape[1:]),
+        example_input.dtype,
+        example_input.device,
+        tuple((name, id(module)) for name, module in model.named_modules()),
+        tuple((name, id(param), param.shape) for name, param in model.named_parameters()),
+        tuple((name, buffer.shape) for name, buffer in model.named_buffers()),
+    )
 
 
 def checking_copy(
@@ -104,7 +195,7 @@ def checking_copy(
             return clone.get_parameter(param_names[layer])
         return clone.get_submodule(module_names[layer]) if layer in module_names else None
 
-    _apply_group(clone, graph, group, counterpart, param_names)
+    _apply_items(clone, graph, [(item, list(item.idxs)) for item in group], counterpart, param_names)
     if isinstance(graph, CoupledGraph):
         follow_cuts(graph, root, channels, clone)
     return clone.eval()
@@ -169,27 +260,27 @@ def _remove_channels(clone: nn.Module, root_name: str, channels: Sequence[int], 
     graph = build_dependency_graph(clone, example_input)
     group = removal_group(graph, root, channels)
     param_names = {param: name for name, param in clone.named_parameters()}
-    _apply_group(clone, graph, group, lambda layer: layer, param_names)
+    _apply_items(clone, graph, [(item, list(item.idxs)) for item in group], lambda layer: layer, param_names)
     if isinstance(graph, CoupledGraph):
         follow_cuts(graph, root, channels, clone)  # the sizes the model's own code cuts its channels with
 
 
-def _apply_group(
+def _apply_items(
     clone: nn.Module,
     graph: tp.DependencyGraph,
-    group: tp.dependency.Group,
+    items: Sequence[tuple[Any, list[int]]],
     counterpart: Any,
     param_names: dict[nn.Parameter, str],
 ) -> None:
-    """Remove each item's slices of ``group`` (of ``graph``) from ``clone``, in place, in the group's order.
+    """Remove the given indices of each ``(group item of graph, indices)`` from ``clone``, in place, in that order.
 
     ``counterpart`` maps a layer or parameter of the traced model to the clone's (the identity when ``graph`` was
     traced on the clone itself; None for Torch-Pruning's op nodes, which hold no tensors of the model), and
     ``param_names`` names the traced model's parameters. Each item's own Torch-Pruning handler is applied to the
     clone's layer, exactly as the item itself would apply it to the traced one.
     """
-    for item in group:
-        target, idxs = item.dep.target.module, list(item.idxs)
+    for item, idxs in items:
+        target = item.dep.target.module
         module = counterpart(target)
         if not idxs or module is None:
             continue
