@@ -47,12 +47,12 @@ from analysis.engine.evaluate import evaluate  # noqa: E402
 from analysis.errors import UserError  # noqa: E402
 from analysis.inputs.build import Inputs, build_inputs  # noqa: E402
 from analysis.io.record import AnalysisRecord, load_record  # noqa: E402
+from analysis.planning.latency_plan import plan_for_latency  # noqa: E402
 from analysis.planning.plan import Plan, build_plan  # noqa: E402
 from analysis.planning.verify import measure_pruned  # noqa: E402
 from analysis.runtimes.runtime import Runtime, make_runtime  # noqa: E402
 from analysis.structure.physical import jointly_pruned_copy  # noqa: E402
 from analysis.workflow.job import run_job  # noqa: E402
-from analysis.planning.latency_plan import plan_for_latency  # noqa: E402
 
 DEMO_MODELS = ("digits_resnet", "digits_mobilenet")
 TORCHVISION_MODELS = ("resnet18", "mobilenet_v2", "efficientnet_b0")
