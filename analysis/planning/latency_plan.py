@@ -53,20 +53,16 @@ class MeasuredMethod:
 
 @dataclass(frozen=True)
 class LatencyGoal:
-    """What a latency plan must reach, and how it is measured.
+    """How the plan loop measures a plan against its goal (the goal itself, in ms, is the outcome's).
 
     Attributes:
-        reduction: The fraction less latency asked (None with ``goal_ms``).
-        goal_ms: The latency asked in ms (None with ``reduction``).
+        reduction: The fraction less latency asked (None for a goal in ms): a straddling interval is timed again.
         batch: Images per call.
-        table: The latency table's kind: ``model`` (whole-model probes) or ``layers`` (single layers).
         tolerance: Largest drift of the dense timings around a measurement (``latency_tolerance``).
     """
 
     reduction: float | None = None
-    goal_ms: float | None = None
     batch: int = 1
-    table: str = "model"
     tolerance: float = TOLERANCE
 
 
@@ -94,7 +90,7 @@ def plan_for_latency(
     Raises:
         UserError: If the goal is not below the dense latency, or cannot be reached with the analysed ratios.
     """
-    goal = LatencyGoal(reduction, goal_ms, batch, table, tolerance)
+    goal = LatencyGoal(reduction, batch, tolerance)
     with eval_mode(model):
         planner, options = open_planner(model, example_input, record, "macs")
         counts = planner.probe_counts(options, record.sensitivities)
