@@ -1,38 +1,55 @@
 #!/usr/bin/env python
-"""Latency budgets: the latency plan against the MACs plan of the same measured latency, per runtime and batch.
+"""Latency budgets, each plan checked by an independent measurement in a fresh process.
 
-For each model it runs the sensitivity analysis (timed), then for every setting (runtime:batch) and latency table kind:
+For each model it runs the sensitivity analysis (timed; or reuses the last one with ``--reuse-analysis``), then for
+every setting (``runtime:batch``), latency table kind and target reduction:
 
-* the latency plan: ``plan_for_latency`` for ``--reduction`` fewer ms than the dense model (its cached latency table is
-  deleted first, so the table is really measured and its time is the table's cost);
-* the MACs plan of the same measured latency: ``build_plan(..., "macs")`` for the smallest MACs reduction whose
-  pruned model measures at most the latency plan's measured latency on the same runtime (bisection on the target,
-  stopped when the bracket is narrower than ``--tolerance``);
-* both plans and the dense model measured again, interleaved (``--rounds`` rounds, order alternating, medians), so
-  their latencies are compared side by side;
-* on the demo models (trained weights) top1 of both plans on the demo's evaluation images, raw and after
-  re-estimating the BatchNorm statistics the pruning changed on the calibration images (as ``run.py verify`` does).
+* the latency plan: ``plan_for_latency`` for ``--targets`` less latency than the dense model (the cached latency
+  tables are deleted before the first target of each setting and table kind, so the table is really measured and its
+  time is the table's cost; later targets reuse it). Its verdict is the planner's: met, missed, noisy, or not
+  reachable (the planner raised its "not reachable within the analysed ratios" sentence after measuring the largest
+  plan the analysed ratios allow);
+* the MACs plan of equal latency: ``build_plan(..., "macs")`` for the smallest MACs target whose pruned model, timed
+  between timings of the latency plan's model (``bracket``), is at least as fast (from the latency plan's own MACs
+  reduction up in steps of 0.1, then bisection down to ``--macs-tolerance``; ``--no-macs`` skips it);
+* for a not-reachable verdict, the largest plan: every group at its largest analysed count, built with the planner;
+* the independent check of every such plan: the dense and the pruned model are exported to ONNX files with the same
+  exporter the shipped file uses (``export_onnx(..., first=--exporter)``), and ``benchmarks/independent_latency.py``
+  times the two files in a fresh Python process with its own ONNX Runtime sessions (dense, pruned, dense, ..., dense;
+  ``--independent-rounds`` pruned timings, each the median of single calls for ``--independent-seconds``). For the
+  ``torch`` rows it times the two PyTorch modules instead, eager, in the fresh process (both saved whole with
+  ``torch.save`` to temporary files of this benchmark and loaded there with ``weights_only=False``). The machine is
+  not loaded by ``--busy`` processes during these checks.
+
+Confirmation rule (the independent measurement against the planner's verdict): ``met`` is confirmed when the
+independent median reduction is at least the target; ``missed`` when it is below the target; ``not reachable`` when
+the largest plan's independent median is below the target; ``noisy`` is not judged. With ``--busy N``, N processes
+burning a CPU each run during planning only (the table, the plan's attempts and the MACs search), and the goal is
+that no plan called met is not confirmed by the quiet independent measurement.
 
 The torchvision models have random weights (nothing is downloaded; seed fixed) at ``--size`` px and are analysed on
-``--images`` demo digits images resized to that size with ``metric: ce`` (top1 of a random network says nothing, so
-it is printed as n/a). Goals checked per row: the latency plan's interleaved measured latency is within 5% of its
-prediction and meets the budget (also against the dense model measured side by side); at equal latency its top1
-after BatchNorm re-estimation is at least the MACs plan's (demo models); building the table took less time than the
-analysis of the same model on this machine.
+``--images`` demo digits images resized to that size with ``metric: ce``; the demo models use their own config.
+The prediction error compares latency fractions on the same baseline (the dense model measured beside the plan):
+``|(1 - predicted reduction) - (1 - measured reduction)| / (1 - measured reduction)``.
 
-    python benchmarks/bench_latency.py --models digits_resnet digits_mobilenet --settings onnxruntime:1
-    python benchmarks/bench_latency.py --models resnet18 --settings onnxruntime:1 onnxruntime:32 torch:1
+    python benchmarks/bench_latency.py --models digits_resnet --settings onnxruntime:1
+    python benchmarks/bench_latency.py --models resnet18 --settings onnxruntime:1 --targets 0.2 0.3 --images 32
+    python benchmarks/bench_latency.py --models resnet18 --settings onnxruntime:1 --targets 0.3 --busy 1
+    python benchmarks/bench_latency.py   # the full grid: three 224-px models, onnxruntime 1 and 32, torch 1: hours
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
+import datetime
 import json
-import statistics
+import platform
+import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,85 +59,106 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # this checkout's package, even where an editable install points elsewhere
 
+import analysis.planning.latency_plan as latency_plan_module  # noqa: E402
 from analysis.config import Config, load_config  # noqa: E402
-from analysis.engine.evaluate import evaluate  # noqa: E402
 from analysis.errors import UserError  # noqa: E402
 from analysis.inputs.build import Inputs, build_inputs  # noqa: E402
 from analysis.io.record import AnalysisRecord, load_record  # noqa: E402
+from analysis.planning.latency import LatencyOutcome  # noqa: E402
 from analysis.planning.latency_plan import plan_for_latency  # noqa: E402
-from analysis.planning.plan import Plan, build_plan  # noqa: E402
-from analysis.planning.verify import measure_pruned  # noqa: E402
-from analysis.runtimes.runtime import Runtime, make_runtime  # noqa: E402
+from analysis.planning.plan import Plan, build_plan, open_planner  # noqa: E402
+from analysis.runtimes.compare import bracket  # noqa: E402
+from analysis.runtimes.onnx_export import export_onnx  # noqa: E402
+from analysis.runtimes.runtime import Prepared, Runtime, make_runtime  # noqa: E402
+from analysis.runtimes.settings import RuntimeSettings  # noqa: E402
+from analysis.structure.groups import eval_mode  # noqa: E402
 from analysis.structure.physical import jointly_pruned_copy  # noqa: E402
 from analysis.workflow.job import run_job  # noqa: E402
 
 DEMO_MODELS = ("digits_resnet", "digits_mobilenet")
 TORCHVISION_MODELS = ("resnet18", "mobilenet_v2", "efficientnet_b0")
 TABLE_KINDS = ("model", "layers")
-TABLE_KEYWORD = "table" in inspect.signature(plan_for_latency).parameters
-"""Whether ``plan_for_latency`` takes ``table="model"|"layers"`` (else it has one kind of table, its default)."""
+INDEPENDENT = Path(__file__).resolve().parent / "independent_latency.py"
+NOT_REACHABLE = "not reachable within the analysed ratios"
 
-PREDICTION_TOLERANCE = 0.05
+
+@dataclass
+class Check:
+    """One plan and its independent measurement.
+
+    Attributes:
+        macs_reduction: The plan's exact MACs reduction.
+        independent: ``independent_latency.py``'s JSON (None when it failed: see ``error``).
+    """
+
+    macs_reduction: float
+    independent: dict[str, Any] | None = None
+    error: str = ""
+
+    @property
+    def median(self) -> float | None:
+        """The independent median reduction."""
+        return None if self.independent is None else float(self.independent["median_reduction"])
 
 
 @dataclass
 class Row:
-    """One model, runtime, batch and table kind: the latency plan and the MACs plan of the same latency."""
+    """One model, runtime, batch, table kind and target: the planner's verdict and the independent checks."""
 
     model: str
     runtime: str
     batch: int
     table: str
-    status: str = "ok"
+    target: float
+    busy: int
+    analysis_seconds: float
+    analysis_images: int
+    verdict: str = ""  # met, missed, noisy, not reachable, or "error"
     message: str = ""
-    dense_ms: float | None = None
-    goal_ms: float | None = None
     table_seconds: float | None = None
-    analysis_seconds: float | None = None
-    attempts: list[dict[str, float]] = field(default_factory=list)
-    latency_plan_seconds: float | None = None
-    latency_macs_reduction: float | None = None
-    latency_predicted_ms: float | None = None
-    latency_planned_ms: float | None = None  # the plan's own measurement (its last attempt)
+    table_cached: bool = False
+    plan_seconds: float | None = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    predicted_reduction: float | None = None
+    measured: dict[str, Any] | None = None  # the chosen plan's (or the largest plan's) Bracketed, JSON form
+    first_error: float | None = None
     macs_target: float | None = None
-    macs_macs_reduction: float | None = None
-    macs_search: list[dict[str, float]] = field(default_factory=list)
-    interleaved_ms: dict[str, float] = field(default_factory=dict)  # dense, latency, macs: medians over rounds
-    interleaved_runs: dict[str, list[float]] = field(default_factory=dict)
-    baseline_top1: float | None = None
-    latency_top1: dict[str, float] = field(default_factory=dict)  # raw, bn
-    macs_top1: dict[str, float] = field(default_factory=dict)
-    goals: dict[str, bool | None] = field(default_factory=dict)
+    macs_search: list[dict[str, Any]] = field(default_factory=list)
+    checks: dict[str, Check] = field(default_factory=dict)  # latency, macs, largest
 
     @property
     def prediction_error(self) -> float | None:
-        """|measured - predicted| / measured of the latency plan, each as a fraction of its dense latency (the
-        prediction of the table's, the measurement of the dense model's in the same interleaved runs), so a machine
-        whose speed changed since the table was measured does not count as an error."""
-        measured, dense = self.interleaved_ms.get("latency"), self.interleaved_ms.get("dense")
-        if measured is None or dense is None or self.latency_predicted_ms is None or self.dense_ms is None:
+        """The chosen plan's prediction against its measurement, as latency fractions on the same baseline."""
+        if self.predicted_reduction is None or self.measured is None or self.verdict == "not reachable":
             return None
-        return _relative_error(self.latency_predicted_ms / self.dense_ms, measured / dense)
+        return _relative_error(self.predicted_reduction, self.measured["reduction"])
 
     @property
-    def first_prediction_error(self) -> float | None:
-        """The same for the first attempt, predicted from the table alone (before any correction), against its
-        measurement beside the dense model."""
-        if not self.attempts or self.dense_ms is None:
-            return None
-        first = self.attempts[0]
-        return _relative_error(first["predicted_ms"] / self.dense_ms, first["measured_ms"] / first["dense_ms"])
+    def confirmed(self) -> bool | None:
+        """Whether the quiet independent measurement confirms the verdict (the rule in the module docstring)."""
+        if self.verdict in ("met", "missed"):
+            median = self.checks["latency"].median if "latency" in self.checks else None
+            if median is None:
+                return None
+            return median >= self.target if self.verdict == "met" else median < self.target
+        if self.verdict == "not reachable":
+            median = self.checks["largest"].median if "largest" in self.checks else None
+            return None if median is None else median < self.target
+        return None
+
+    @property
+    def false_met(self) -> bool:
+        """A plan called met that the independent measurement does not confirm (the busy mode's goal: never)."""
+        return self.verdict == "met" and self.confirmed is False
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form, with the derived figures."""
+        return {**asdict(self), "prediction_error": self.prediction_error, "confirmed": self.confirmed,
+                "false_met": self.false_met}  # fmt: skip
 
 
 def _relative_error(predicted: float, measured: float) -> float:
-    return abs(measured - predicted) / measured
-
-
-def timed(function: Callable[[], Any]) -> tuple[Any, float]:
-    """``function()`` and its wall time in seconds."""
-    start = time.perf_counter()
-    result = function()
-    return result, time.perf_counter() - start
+    return abs((1.0 - predicted) - (1.0 - measured)) / (1.0 - measured)
 
 
 def model_config(name: str, args: argparse.Namespace) -> Config:
@@ -156,13 +194,26 @@ def model_config(name: str, args: argparse.Namespace) -> Config:
     return load_config(yaml, common)
 
 
-def describe_analysis(config: Config, inputs: Inputs) -> str:
-    """The analysis settings, for the output."""
-    s = config.SensitivityAnalysis
-    return (
-        f"engine {s.engine}, metric {s.metric}, ratios {s.pruned_ratios}, {inputs.loader.num_samples} images at "
-        f"{config.Global.img_size} px, batch {config.Global.batch_size}, criterion {s.criterion}"
-    )
+def analyse(name: str, args: argparse.Namespace) -> tuple[Inputs, AnalysisRecord, float, int, Path]:
+    """``name``'s inputs, analysis record, analysis seconds, analysed images and analysis file (the analysis run and
+    timed, or with ``--reuse-analysis`` the last one of the same settings, with its recorded seconds)."""
+    config = model_config(name, args)
+    inputs = build_inputs(config, progress=False)
+    analysis_file = Path(str(config.SensitivityAnalysis.analysis_file))
+    images = inputs.loader.num_samples
+    stamp = analysis_file.with_name("bench-analysis.json")
+    key = {"ratios": list(args.ratios), "images": images, "size": args.size}
+    known = json.loads(stamp.read_text()) if stamp.exists() and analysis_file.exists() else None
+    if args.reuse_analysis and known is not None and known.get("key") == key:
+        seconds = float(known["seconds"])
+        print(f"{name}: reusing the analysis of {images} images ({seconds:.1f} s when it ran)", flush=True)
+    else:
+        start = time.perf_counter()
+        run_job(config, overwrite=True, progress=False, inputs=inputs)
+        seconds = time.perf_counter() - start
+        stamp.write_text(json.dumps({"key": key, "seconds": seconds}))
+        print(f"{name}: analysis of {images} images took {seconds:.1f} s", flush=True)
+    return inputs, load_record(analysis_file), seconds, images, analysis_file
 
 
 def delete_tables(analysis_file: Path) -> None:
@@ -171,30 +222,66 @@ def delete_tables(analysis_file: Path) -> None:
         path.unlink()
 
 
+@contextmanager
+def kept_outcomes() -> Iterator[list[LatencyOutcome]]:
+    """Every :class:`LatencyOutcome` the latency planner builds in the block, kept for the benchmark: a plan that is
+    not reachable ends in a ``UserError`` that does not carry it, and its measured largest plan is wanted."""
+    made: list[LatencyOutcome] = []
+    original = latency_plan_module.LatencyOutcome
+
+    def keep(*args: Any, **kwargs: Any) -> LatencyOutcome:
+        outcome = original(*args, **kwargs)
+        made.append(outcome)
+        return outcome
+
+    latency_plan_module.LatencyOutcome = keep  # type: ignore[misc,assignment]
+    try:
+        yield made
+    finally:
+        latency_plan_module.LatencyOutcome = original  # type: ignore[misc]
+
+
+@contextmanager
+def busy(count: int) -> Iterator[None]:
+    """``count`` processes each burning a CPU for the block's duration (ended by their ids after it)."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for process in burners:
+            process.terminate()
+        for process in burners:
+            process.wait()
+
+
+def largest_plan(inputs: Inputs, record: AnalysisRecord) -> Plan:
+    """The plan with every analysed group at its largest analysed count (what the planner measures before saying a
+    goal is not reachable)."""
+    with eval_mode(inputs.model):
+        planner, options = open_planner(inputs.model, inputs.example_input, record, "macs")
+        choices = {group.key: max(group.choices, key=lambda choice: choice.count) for group in options}
+        return planner.plan(options, choices, 0.0, 0.0, 0.0)
+
+
 def macs_reduction(plan: Plan) -> float:
     """The exact MACs reduction of ``plan``."""
     return 1.0 - plan.pruned.macs / plan.dense.macs
 
 
-def measure_plan(inputs: Inputs, runtime: Runtime, batch: int, plan: Plan) -> float:
-    """Median latency in ms of ``plan``'s physically pruned model on ``runtime``."""
-    pruned = jointly_pruned_copy(inputs.model, plan.removals(), inputs.example_input)
-    return runtime.measure(pruned.eval(), tuple(inputs.example_input.shape[1:]), batch).median_ms
+def pruned_model(inputs: Inputs, plan: Plan) -> torch.nn.Module:
+    """``plan``'s physically pruned copy of the model (the model itself for an empty plan)."""
+    if not plan.groups:
+        return inputs.model
+    return jointly_pruned_copy(inputs.model, plan.removals(), inputs.example_input).eval()
 
 
-def macs_plan_at(
-    inputs: Inputs,
-    record: AnalysisRecord,
-    runtime: Runtime,
-    batch: int,
-    reference: torch.nn.Module,
-    start: float,
-    tolerance: float,
-    log: list[dict[str, float]],
-) -> Plan:
-    """The MACs plan with the smallest target reduction whose pruned model measures at most as long as ``reference``
-    (the latency plan's model, measured again just before each candidate): from ``start`` up in steps of 0.1 until one
-    is as fast, then bisection until the bracket is narrower than ``tolerance``.
+def macs_plan_of_equal_latency(
+    inputs: Inputs, record: AnalysisRecord, runtime: Runtime, batch: int, reference: Prepared, start: float,
+    tolerance: float, log: list[dict[str, Any]],
+) -> Plan:  # fmt: skip
+    """The MACs plan of the smallest target whose pruned model, timed between timings of ``reference`` (the latency
+    plan's model), is at least as fast: from ``start`` up in steps of 0.1 until one is, then bisection until the
+    bracket of targets is narrower than ``tolerance``.
 
     Raises:
         UserError: If no MACs plan the analysed ratios allow is as fast.
@@ -204,20 +291,20 @@ def macs_plan_at(
 
     def fits(target: float) -> bool:
         plan = build_plan(inputs.model, inputs.example_input, record, target, "macs")
-        limit = runtime.measure(reference, shape, batch).median_ms
-        ms = measure_plan(inputs, runtime, batch, plan)
+        with runtime.prepare(pruned_model(inputs, plan), shape) as candidate:
+            measured = bracket(reference, candidate, batch)
         plans[target] = plan
-        log.append({"target": round(target, 6), "macs_reduction": macs_reduction(plan), "measured_ms": ms,
-                    "latency_plan_ms": limit})  # fmt: skip
-        return ms <= limit
+        log.append({"target": round(target, 6), "macs_reduction": round(macs_reduction(plan), 6),
+                    "against_latency_plan": measured.as_dict()})  # fmt: skip
+        return measured.reduction >= 0.0
 
     low, high = 0.0, min(0.95, max(0.01, start))
     while not fits(high):
         low = high
         if high >= 0.95:
             raise UserError("no MACs plan of the analysed ratios measures as fast as the latency plan")
+        high = min(0.95, high + 0.1)
         try:
-            high = min(0.95, high + 0.1)
             build_plan(inputs.model, inputs.example_input, record, high, "macs")
         except UserError as error:
             message = f"no MACs plan measured as fast as the latency plan before the ratios ran out ({error})"
@@ -231,215 +318,244 @@ def macs_plan_at(
     return plans[high]
 
 
-def interleaved(
-    inputs: Inputs, runtime: Runtime, batch: int, models: dict[str, torch.nn.Module], rounds: int
-) -> dict[str, list[float]]:
-    """Each model's latency ``rounds`` times, in turn and in alternating order, so a slow phase hits all alike."""
+def independent_check(inputs: Inputs, plan: Plan, runtime: str, batch: int, args: argparse.Namespace) -> Check:
+    """``plan`` against the dense model in a fresh process (ONNX files, or for torch the saved modules)."""
+    check = Check(macs_reduction(plan))
     shape = tuple(inputs.example_input.shape[1:])
-    runs: dict[str, list[float]] = {name: [] for name in models}
-    names = list(models)
-    for index in range(rounds):
-        for name in names if index % 2 == 0 else reversed(names):
-            runs[name].append(runtime.measure(models[name], shape, batch).median_ms)
-    return runs
+    with tempfile.TemporaryDirectory(prefix="bench-latency-") as folder:
+        paths = []
+        for name, model in (("dense", inputs.model), ("pruned", pruned_model(inputs, plan))):
+            if runtime == "torch":
+                path = Path(folder) / f"{name}.pt"
+                torch.save(model, path)
+            else:
+                path = Path(folder) / f"{name}.onnx"
+                export_onnx(model, inputs.example_input, path, first=args.exporter)
+            paths.append(str(path))
+        command = [sys.executable, str(INDEPENDENT), *paths, "--batch", str(batch), "--rounds",
+                   str(args.independent_rounds), "--threads", str(args.threads), "--seconds",
+                   str(args.independent_seconds), "--shape", "x".join(str(n) for n in shape)]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        check.error = (done.stderr.strip().splitlines() or ["failed"])[-1][:300]
+        return check
+    check.independent = json.loads(done.stdout.strip().splitlines()[-1])
+    return check
 
 
-def top1(inputs: Inputs, plan: Plan) -> dict[str, float]:
-    """Raw and BatchNorm re-estimated top1 of ``plan``'s physically pruned model on the evaluation images."""
-
-    def score(candidate: torch.nn.Module) -> dict[str, float]:
-        return evaluate(candidate, inputs.loader, progress=False).metrics()
-
-    _, raw, recalibrated = measure_pruned(inputs.model, plan.removals(), score, inputs.example_input,
-                                          inputs.calibration)  # fmt: skip
-    assert recalibrated is not None
-    return {"raw": raw["top1"], "bn": recalibrated.metrics["top1"]}
-
-
-def bench_row(
-    row: Row, inputs: Inputs, record: AnalysisRecord, analysis_file: Path, args: argparse.Namespace, trained: bool
-) -> None:
-    """Fill ``row``: both plans, their interleaved latencies, top1 (trained models) and the goals."""
-    model, example = inputs.model, inputs.example_input
-    runtime = make_runtime(row.runtime, torch.device("cpu"))
-    delete_tables(analysis_file)
-    keywords: dict[str, Any] = {"table": row.table} if TABLE_KEYWORD else {}
-    start = time.perf_counter()
-    try:
-        plan = plan_for_latency(
-            model, example, record, runtime, reduction=args.reduction, batch=row.batch, progress=False, **keywords
-        )
-    finally:  # also when the budget is unreachable: the time includes measuring the table
-        row.latency_plan_seconds = time.perf_counter() - start
-    outcome = plan.latency
-    assert outcome is not None
-    row.dense_ms, row.goal_ms, row.table_seconds = outcome.dense_ms, outcome.goal_ms, outcome.table_seconds
-    row.attempts = list(outcome.attempts)
-    row.latency_predicted_ms, row.latency_planned_ms = outcome.predicted_ms, outcome.measured_ms
-    row.latency_macs_reduction = macs_reduction(plan)
-    print(f"  latency plan: {row.latency_planned_ms:.3f} ms measured, {row.latency_predicted_ms:.3f} predicted, "
-          f"goal {row.goal_ms:.3f}, {len(row.attempts)} attempt(s), table {row.table_seconds:.1f} s",
+def bench_row(row: Row, inputs: Inputs, record: AnalysisRecord, args: argparse.Namespace) -> None:
+    """Fill ``row``: plan (under ``--busy`` load), then check every plan quietly in a fresh process."""
+    settings = RuntimeSettings(threads=args.threads, exporter=args.exporter)
+    runtime = make_runtime(row.runtime, torch.device("cpu"), settings=settings)
+    shape = tuple(inputs.example_input.shape[1:])
+    plans: dict[str, Plan] = {}
+    with busy(row.busy), kept_outcomes() as outcomes:
+        start = time.perf_counter()
+        try:
+            plan: Plan | None = plan_for_latency(inputs.model, inputs.example_input, record, runtime,
+                                                 reduction=row.target, batch=row.batch, progress=False,
+                                                 table=row.table, tolerance=args.tolerance)  # fmt: skip
+        except UserError as error:
+            plan, row.message = None, str(error)
+        row.plan_seconds = time.perf_counter() - start
+        outcome = outcomes[-1] if outcomes else None
+        if outcome is not None:
+            row.table_seconds, row.table_cached = outcome.table_seconds, outcome.table_seconds < 0.5
+            row.attempts = [attempt.as_dict() for attempt in outcome.attempts]
+            if outcome.attempts:
+                first = outcome.attempts[0]
+                row.first_error = _relative_error(first.predicted_reduction, first.measured.reduction)
+        if plan is not None:
+            assert plan.latency is not None
+            row.verdict = plan.latency.verdict
+            row.predicted_reduction = plan.latency.predicted_reduction
+            row.measured = plan.latency.last.measured.as_dict()
+            plans["latency"] = plan
+            if not args.no_macs:
+                with runtime.prepare(pruned_model(inputs, plan), shape) as reference:
+                    try:
+                        macs_plan = macs_plan_of_equal_latency(inputs, record, runtime, row.batch, reference,
+                                                               macs_reduction(plan), args.macs_tolerance,
+                                                               row.macs_search)  # fmt: skip
+                        plans["macs"], row.macs_target = macs_plan, macs_plan.target
+                    except UserError as error:
+                        row.message = f"MACs plan: {error}"
+        elif NOT_REACHABLE in row.message and outcome is not None and outcome.largest is not None:
+            row.verdict = "not reachable"
+            row.measured = outcome.largest.as_dict()
+            plans["largest"] = largest_plan(inputs, record)
+        else:
+            row.verdict = "error"
+    print(f"  {row.verdict} after {row.plan_seconds:.1f} s of planning" + (f": {row.message}" if row.message else ""),
           flush=True)  # fmt: skip
-    macs_plan: Plan | None = None
-    latency_copy = jointly_pruned_copy(model, plan.removals(), example).eval()
+    for name, chosen in plans.items():  # quiet: the busy processes have ended
+        row.checks[name] = independent_check(inputs, chosen, row.runtime, row.batch, args)
+        check = row.checks[name]
+        said = check.error or f"median {check.median:.1%}, interval {check.independent['interval']}"  # type: ignore
+        print(f"  independent check of the {name} plan: {said}", flush=True)
+
+
+def machine() -> dict[str, Any]:
+    """Date, CPU model, cores, git commit and versions, for the table's heading."""
+    model = platform.processor() or platform.machine()
     try:
-        macs_plan = macs_plan_at(inputs, record, runtime, row.batch, latency_copy, row.latency_macs_reduction,
-                                 args.tolerance, row.macs_search)  # fmt: skip
-    except UserError as error:  # the latency plan is still measured and scored
-        row.status, row.message = "MACs plan unreachable", str(error)
-        print(f"  MACs plan unreachable: {error}", flush=True)
-    copies = {"dense": model, "latency": latency_copy}
-    if macs_plan is not None:
-        row.macs_target, row.macs_macs_reduction = macs_plan.target, macs_reduction(macs_plan)
-        print(f"  MACs plan: target {row.macs_target:.3f} after {len(row.macs_search)} measured candidates", flush=True)
-        copies["macs"] = jointly_pruned_copy(model, macs_plan.removals(), example).eval()
-    row.interleaved_runs = interleaved(inputs, runtime, row.batch, copies, args.rounds)
-    row.interleaved_ms = {name: statistics.median(runs) for name, runs in row.interleaved_runs.items()}
-    if trained:
-        row.latency_top1 = top1(inputs, plan)
-        row.macs_top1 = top1(inputs, macs_plan) if macs_plan is not None else {}
-    error = row.prediction_error
-    assert error is not None
-    measured = row.interleaved_ms
-    row.goals = {
-        "prediction within 5%": error <= PREDICTION_TOLERANCE,
-        "planning met it": outcome.met,  # its last attempt, against the dense model measured beside it
-        "meets budget side by side": measured["latency"] <= (1.0 - args.reduction) * measured["dense"],
-        "top1 >= MACs plan": row.latency_top1["bn"] >= row.macs_top1["bn"] if trained and row.macs_top1 else None,
-        "table < analysis": row.table_seconds < (row.analysis_seconds or 0.0),
-    }
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    commit = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()  # fmt: skip
+    dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    import onnxruntime
 
-
-def bench_model(name: str, args: argparse.Namespace, rows: list[Row], save: Callable[[], None]) -> dict[str, Any]:
-    """Analyse ``name`` (timed), then one row per setting and table kind; returns the analysis' description."""
-    config = model_config(name, args)
-    trained = name in DEMO_MODELS
-    inputs = build_inputs(config, progress=False, calibration=trained)
-    _, seconds = timed(lambda: run_job(config, overwrite=True, progress=False, inputs=inputs))
-    settings = describe_analysis(config, inputs)
-    print(f"{name}: analysis {seconds:.1f} s ({settings})", flush=True)
-    analysis_file = Path(str(config.SensitivityAnalysis.analysis_file))
-    record = load_record(analysis_file)
-    baseline = evaluate(inputs.model, inputs.loader, progress=False).top1 if trained else None
-    for setting in args.settings:
-        runtime_name, batch = setting.split(":")
-        for table in args.table:
-            row = Row(name, runtime_name, int(batch), table, analysis_seconds=seconds, baseline_top1=baseline)
-            print(f"{name} {setting} table={table}", flush=True)
-            try:
-                bench_row(row, inputs, record, analysis_file, args, trained)
-            except UserError as error:
-                row.status, row.message = "unreachable", str(error)
-                print(f"  unreachable: {error}", flush=True)
-            rows.append(row)
-            print(line(row), flush=True)
-            save()
-    return {"seconds": seconds, "settings": settings}
-
-
-def _ms(value: float | None) -> str:
-    return "" if value is None else f"{value:.3f}"
+    return {"date": datetime.datetime.now().astimezone().isoformat(timespec="minutes"), "cpu": model,
+            "cores": __import__("os").cpu_count(), "platform": platform.platform(),
+            "commit": commit + ("+dirty" if dirty else ""), "torch": torch.__version__,
+            "onnxruntime": onnxruntime.__version__, "python": platform.python_version()}  # fmt: skip
 
 
 def _pct(value: float | None) -> str:
     return "" if value is None else f"{value:.1%}"
 
 
-def _top1(values: dict[str, float]) -> str:
-    return f"{values['raw']:.3f} / {values['bn']:.3f}" if values else "n/a"
+def _interval(measured: dict[str, Any] | None) -> str:
+    if not measured:
+        return ""
+    low, high = measured["interval"]
+    return f"{low:.1%} to {high:.1%}, drift {measured['drift']:.1%}"
 
 
-def _goals(row: Row) -> str:
-    marks = {True: "yes", False: "NO", None: "n/a"}
-    return ", ".join(f"{name}: {marks[value]}" for name, value in row.goals.items())
+def _check(check: Check | None) -> str:
+    if check is None:
+        return ""
+    if check.independent is None:
+        return f"failed: {check.error}"
+    low, high = check.independent["interval"]
+    return f"{check.median:.1%} ({low:.1%} to {high:.1%}, drift {check.independent['dense_drift']:.1%})"
 
 
 HEADER = (
-    "| model | runtime:batch | table | dense ms | goal ms | latency plan: predicted / measured ms (err, 1st err) | "
-    "attempts | MACs plan ms | MACs cut: latency / MACs plan | top1 raw / BN: latency plan | top1 raw / BN: MACs "
-    "plan | table s / analysis s | goals |\n" + "| --- " * 13 + "|"
+    "| model, runtime:batch, table | target | busy | verdict | table s / analysis s (ratio) | predicted / measured "
+    "(error; 1st) | planner interval, drift | independent: median (interval, drift) | MACs cut: latency / MACs plan "
+    "| independent: MACs plan | confirms |\n" + "| --- " * 11 + "|"
 )
 
 
 def line(row: Row) -> str:
     """The row as a Markdown table line."""
-    head = f"| {row.model} | {row.runtime}:{row.batch} | {row.table} | "
-    if not row.interleaved_ms:  # the latency plan failed
-        seconds = (
-            f"{row.table_seconds:.1f}" if row.table_seconds is not None else f"(plan {row.latency_plan_seconds:.1f})"
-        )
-        return head + f"{row.status}: {row.message} |" + " |" * 7 + f" {seconds} / {row.analysis_seconds:.1f} | |"
-    measured = row.interleaved_ms
+    marks = {True: "yes", False: "**NO**", None: "n/a"}
+    if row.table_seconds is None:
+        seconds = ""
+    elif row.table_cached:
+        seconds = "(cached)"
+    else:
+        ratio = row.table_seconds / row.analysis_seconds
+        seconds = f"{row.table_seconds:.1f} / {row.analysis_seconds:.1f} ({ratio:.2f})"
+    if row.verdict == "not reachable":
+        reductions = f"largest plan: {_pct(row.measured['reduction'] if row.measured else None)}"
+    elif row.predicted_reduction is not None and row.measured is not None:
+        reductions = (f"{_pct(row.predicted_reduction)} / {_pct(row.measured['reduction'])} "
+                      f"({_pct(row.prediction_error)}; {_pct(row.first_error)})")  # fmt: skip
+    else:
+        reductions = ""
+    main = row.checks.get("latency") or row.checks.get("largest")
+    latency, macs = row.checks.get("latency"), row.checks.get("macs")
+    cuts = (
+        ""
+        if latency is None
+        else f"{_pct(latency.macs_reduction)} / " + (_pct(macs.macs_reduction) if macs is not None else "none as fast")
+    )
+    verdict = row.verdict + ("" if row.verdict != "error" else f": {row.message[:120]}")
     return (
-        head + f"{_ms(measured['dense'])} | {_ms(row.goal_ms)} | {_ms(row.latency_predicted_ms)} / "
-        f"{_ms(measured['latency'])} ({_pct(row.prediction_error)}, {_pct(row.first_prediction_error)}) | "
-        f"{len(row.attempts)} | {_ms(measured.get('macs')) or 'unreachable'} | {_pct(row.latency_macs_reduction)} / "
-        f"{_pct(row.macs_macs_reduction)} | {_top1(row.latency_top1)} | {_top1(row.macs_top1)} | "
-        f"{row.table_seconds:.1f} / {row.analysis_seconds:.1f} | {_goals(row)}"
-        + (f" ({row.status}: {row.message})" if row.status != "ok" else "")
-        + " |"
+        f"| {row.model}, {row.runtime}:{row.batch}, {row.table} | {row.target:.0%} | {row.busy} | {verdict} "
+        f"| {seconds} | {reductions} | {_interval(row.measured)} | {_check(main)} | {cuts} | {_check(macs)} "
+        f"| {marks[row.confirmed]} |"
     )
 
 
-def parse_settings(values: Sequence[str]) -> list[str]:
+def parse_settings(values: list[str]) -> list[tuple[str, int]]:
     """``runtime:batch`` strings, checked."""
+    parsed = []
     for value in values:
         name, _, batch = value.partition(":")
         if name not in ("torch", "onnxruntime") or not batch.isdigit() or int(batch) < 1:
             raise SystemExit(f"--settings takes runtime:batch with runtime torch or onnxruntime, got '{value}'")
-    return list(values)
+        parsed.append((name, int(batch)))
+    return parsed
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run every model, setting and table kind; print one Markdown table and save the rows as JSON."""
+    """Run every model, setting, table kind and target; print one Markdown table and write JSON lines."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=[*DEMO_MODELS, *TORCHVISION_MODELS],
+    parser.add_argument("--models", nargs="+", default=list(TORCHVISION_MODELS),
                         choices=[*DEMO_MODELS, *TORCHVISION_MODELS])  # fmt: skip
     parser.add_argument("--settings", nargs="+", default=["onnxruntime:1", "onnxruntime:32", "torch:1"],
-                        help="runtime:batch to plan and measure on (runtime torch or onnxruntime)")  # fmt: skip
-    parser.add_argument("--reduction", type=float, default=0.3, help="latency reduction asked of the latency plan")
+                        help="runtime:batch to plan and measure on (runtime torch or onnxruntime, CPU)")  # fmt: skip
+    parser.add_argument("--targets", type=float, nargs="+", default=[0.2, 0.3], help="latency reductions asked")
+    parser.add_argument("--table", nargs="+", choices=TABLE_KINDS, default=["model"], help="latency table kinds")
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
                         help="pruned ratios of every analysis")  # fmt: skip
-    parser.add_argument("--images", type=int, default=32, help="analysis images of the torchvision models")
+    parser.add_argument("--images", type=int, default=128, help="analysis images of the torchvision models")
     parser.add_argument("--size", type=int, default=224, help="input size of the torchvision models (px)")
-    parser.add_argument("--tolerance", type=float, default=0.01,
+    parser.add_argument("--threads", type=int, default=0, help="runtime threads (planner and check); 0: default")
+    parser.add_argument("--exporter", choices=("torchscript", "dynamo"), default="torchscript",
+                        help="the ONNX exporter tried first, for the planner's files and the checked ones")  # fmt: skip
+    parser.add_argument("--tolerance", type=float, default=0.05, help="the planner's latency_tolerance (drift)")
+    parser.add_argument("--no-macs", action="store_true", help="skip the MACs plan of equal latency")
+    parser.add_argument("--macs-tolerance", type=float, default=0.02,
                         help="the MACs plan search stops when its bracket of MACs targets is this narrow")  # fmt: skip
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the final latency comparison")
-    parser.add_argument("--table", nargs="+", choices=TABLE_KINDS, default=list(TABLE_KINDS) if TABLE_KEYWORD else None,
-                        help="latency table kinds (only where plan_for_latency takes table=)")  # fmt: skip
+    parser.add_argument("--independent-rounds", type=int, default=7, help="pruned timings of an independent check")
+    parser.add_argument("--independent-seconds", type=float, default=1.0, help="seconds per independent timing")
+    parser.add_argument("--busy", type=int, default=0, help="CPU-burning processes during planning")
+    parser.add_argument(
+        "--reuse-analysis",
+        action="store_true",
+        help="reuse the last analysis of the same ratios, images and size (and its seconds)",
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "_data" / "latency")
+    parser.add_argument("--jsonl", type=Path, default=None, help="JSON lines file (default: OUT/results.jsonl)")
     args = parser.parse_args(argv)
-    if args.table is not None and not TABLE_KEYWORD:
-        parser.error("--table: this plan_for_latency has no table= keyword (one kind of table, its default)")
-    args.table = args.table or ["default"]
-    args.settings = parse_settings(args.settings)
-    torch.manual_seed(0)
-    rows: list[Row] = []
-    analyses: dict[str, Any] = {}
+    settings = parse_settings(args.settings)
     args.out.mkdir(parents=True, exist_ok=True)
-
-    def save() -> None:
-        data = [{**asdict(row), "prediction_error": row.prediction_error,
-                 "first_prediction_error": row.first_prediction_error} for row in rows]  # fmt: skip
-        (args.out / "results.json").write_text(json.dumps({"rows": data, "analyses": analyses}, indent=1))
-
+    jsonl = args.jsonl or args.out / "results.jsonl"
+    torch.manual_seed(0)
+    about = machine()
+    run = {"run": about, "argv": sys.argv[1:] if argv is None else argv}
+    with jsonl.open("a") as stream:
+        stream.write(json.dumps(run) + "\n")
+    rows: list[Row] = []
     for name in args.models:
-        analyses[name] = bench_model(name, args, rows, save)
-        save()
-    print(f"\nLatency reduction asked: {args.reduction:.0%}; ms are medians of {args.rounds} interleaved runs; "
-          f"err = |measured - predicted| / measured, each as a fraction of its dense latency (1st err: the first "
-          "attempt, "
-          f"from the table alone); goal ms = {1 - args.reduction:g} x the dense latency the table measured; 'meets "
-          f"budget side by side': the latency plan measures at most {1 - args.reduction:g} x the dense model in the "
-          "interleaved runs; the MACs plan is the smallest MACs target measured as fast as the latency plan (each "
-          "candidate timed right after it).\n")  # fmt: skip
+        inputs, record, seconds, images, analysis_file = analyse(name, args)
+        for runtime, batch in settings:
+            for table in args.table:
+                delete_tables(analysis_file)
+                for target in args.targets:
+                    row = Row(name, runtime, batch, table, target, args.busy, seconds, images)
+                    print(f"{name} {runtime}:{batch} table={table} target={target:.0%} busy={args.busy}", flush=True)
+                    bench_row(row, inputs, record, args)
+                    rows.append(row)
+                    print(line(row), flush=True)
+                    with jsonl.open("a") as stream:
+                        stream.write(json.dumps({"date": about["date"], "commit": about["commit"],
+                                                 **row.as_dict()}) + "\n")  # fmt: skip
+    print(f"\n{about['date']}, {about['cpu']}, {about['cores']} cores, commit {about['commit']}, torch "
+          f"{about['torch']}, ONNX Runtime {about['onnxruntime']}; analysis images: "
+          + ", ".join(f"{row.model} {row.analysis_images}" for row in {r.model: r for r in rows}.values())
+          + f"; ratios {args.ratios}; threads {args.threads or 'default'}; independent check: "
+          f"{args.independent_rounds} rounds of {args.independent_seconds:g} s timings in a fresh process; "
+          f"busy processes during planning: {args.busy}.\n")  # fmt: skip
     print(HEADER)
     for row in rows:
         print(line(row))
-    print()
-    for name, analysis in analyses.items():
-        print(f"{name}: analysis {analysis['seconds']:.1f} s ({analysis['settings']})")
-    return 0
+    false_met = [row for row in rows if row.false_met]
+    print(f"\nPlans called met that the quiet independent measurement does not confirm: {len(false_met)}"
+          + (" (" + "; ".join(f"{r.model} {r.runtime}:{r.batch} {r.target:.0%}" for r in false_met) + ")"
+             if false_met else ""))  # fmt: skip
+    print(f"JSON lines: {jsonl}")
+    return 1 if false_met and args.busy else 0
 
 
 if __name__ == "__main__":
