@@ -59,12 +59,11 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # this checkout's package, even where an editable install points elsewhere
 
-import analysis.planning.latency_plan as latency_plan_module  # noqa: E402
 from analysis.config import Config, load_config  # noqa: E402
 from analysis.errors import UserError  # noqa: E402
 from analysis.inputs.build import Inputs, build_inputs  # noqa: E402
 from analysis.io.record import AnalysisRecord, load_record  # noqa: E402
-from analysis.planning.latency import LatencyOutcome  # noqa: E402
+from analysis.planning.latency import LatencyGoalNotReached, LatencyOutcome  # noqa: E402
 from analysis.planning.latency_plan import plan_for_latency  # noqa: E402
 from analysis.planning.plan import Plan, build_plan, open_planner  # noqa: E402
 from analysis.runtimes.compare import bracket  # noqa: E402
@@ -223,25 +222,6 @@ def delete_tables(analysis_file: Path) -> None:
 
 
 @contextmanager
-def kept_outcomes() -> Iterator[list[LatencyOutcome]]:
-    """Every :class:`LatencyOutcome` the latency planner builds in the block, kept for the benchmark: a plan that is
-    not reachable ends in a ``UserError`` that does not carry it, and its measured largest plan is wanted."""
-    made: list[LatencyOutcome] = []
-    original = latency_plan_module.LatencyOutcome
-
-    def keep(*args: Any, **kwargs: Any) -> LatencyOutcome:
-        outcome = original(*args, **kwargs)
-        made.append(outcome)
-        return outcome
-
-    latency_plan_module.LatencyOutcome = keep  # type: ignore[misc,assignment]
-    try:
-        yield made
-    finally:
-        latency_plan_module.LatencyOutcome = original  # type: ignore[misc]
-
-
-@contextmanager
 def busy(count: int) -> Iterator[None]:
     """``count`` processes each burning a CPU for the block's duration (ended by their ids after it)."""
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
@@ -349,16 +329,19 @@ def bench_row(row: Row, inputs: Inputs, record: AnalysisRecord, args: argparse.N
     runtime = make_runtime(row.runtime, torch.device("cpu"), settings=settings)
     shape = tuple(inputs.example_input.shape[1:])
     plans: dict[str, Plan] = {}
-    with busy(row.busy), kept_outcomes() as outcomes:
+    with busy(row.busy):
         start = time.perf_counter()
+        outcome: LatencyOutcome | None = None
         try:
             plan: Plan | None = plan_for_latency(inputs.model, inputs.example_input, record, runtime,
                                                  reduction=row.target, batch=row.batch, progress=False,
                                                  table=row.table, tolerance=args.tolerance)  # fmt: skip
+            outcome = plan.latency
+        except LatencyGoalNotReached as error:  # carries the attempts and the largest plan's measurement
+            plan, row.message, outcome = None, str(error), error.outcome
         except UserError as error:
             plan, row.message = None, str(error)
         row.plan_seconds = time.perf_counter() - start
-        outcome = outcomes[-1] if outcomes else None
         if outcome is not None:
             row.table_seconds, row.table_cached = outcome.table_seconds, outcome.table_seconds < 0.5
             row.attempts = [attempt.as_dict() for attempt in outcome.attempts]
@@ -384,6 +367,8 @@ def bench_row(row: Row, inputs: Inputs, record: AnalysisRecord, args: argparse.N
             row.verdict = "not reachable"
             row.measured = outcome.largest.as_dict()
             plans["largest"] = largest_plan(inputs, record)
+        elif outcome is not None and outcome.largest is not None and not outcome.largest.steady(args.tolerance):
+            row.verdict, row.measured = "noisy", outcome.largest.as_dict()  # too noisy to judge the largest plan
         else:
             row.verdict = "error"
     print(f"  {row.verdict} after {row.plan_seconds:.1f} s of planning" + (f": {row.message}" if row.message else ""),

@@ -16,7 +16,7 @@ from analysis.errors import UserError
 from analysis.io.latency_table import LatencyTable
 from analysis.io.record import load_record
 from analysis.io.results import load_sidecar
-from analysis.planning.latency import LatencyModel
+from analysis.planning.latency import LatencyGoalNotReached, LatencyModel
 from analysis.planning.latency_plan import MAX_ATTEMPTS, plan_for_latency
 from analysis.planning.plan import open_planner, param_count
 from analysis.planning.probes import measure_table
@@ -78,8 +78,11 @@ def test_an_absolute_goal_is_met_and_an_impossible_one_refused(setting: Any) -> 
     assert plan.latency is not None and plan.latency.measured_ms <= 0.8 * dense
     with pytest.raises(UserError, match="not below the dense model"):
         plan_for_latency(model, example, load_record(path), runtime, goal_ms=2 * dense)
-    with pytest.raises(UserError, match=r"not reachable within the analysed ratios: the largest plan they allow"):
+    with pytest.raises(LatencyGoalNotReached, match=r"not reachable within the analysed ratios: the largest plan") as e:
         plan_for_latency(model, example, load_record(path), runtime, goal_ms=0.501)  # the overhead alone is 0.5 ms
+    largest = e.value.outcome.largest  # the measured cause travels with the error, for a caller to show or record
+    assert largest is not None and largest.candidate_median > 0.501 and f"{largest.reduction:.1%}" in str(e.value)
+    assert e.value.outcome.goal_ms == 0.501 and isinstance(e.value, UserError)
 
 
 def test_the_latency_model_predicts_single_groups_exactly_and_is_rescaled_to_a_measurement() -> None:

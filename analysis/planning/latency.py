@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from torch import nn
 
+from analysis.errors import UserError
 from analysis.io.latency_table import LatencyTable
 from analysis.runtimes.compare import TOLERANCE, Bracketed
 from analysis.runtimes.runtime import Prepared
@@ -230,3 +231,16 @@ class LatencyOutcome:
                 "met": self.met}  # fmt: skip
         data["largest"] = None if self.largest is None else self.largest.as_dict()
         return data
+
+
+class LatencyGoalNotReached(UserError):
+    """No latency plan was found for the goal after the largest plan the analysed ratios allow was measured: the goal
+    is not reachable within them, the machine was too noisy to tell, or the table stayed too far from the measurements.
+
+    Attributes:
+        outcome: Every attempt measured before, and :attr:`LatencyOutcome.largest`, the largest plan's measurement.
+    """
+
+    def __init__(self, message: str, outcome: LatencyOutcome) -> None:
+        super().__init__(message)
+        self.outcome = outcome

@@ -22,7 +22,13 @@ from analysis.errors import UserError
 from analysis.io.lock import exclusive
 from analysis.io.record import AnalysisRecord
 from analysis.planning.allocate import GroupOptions
-from analysis.planning.latency import LatencyAttempt, LatencyModel, LatencyOutcome, LatencyRuntime
+from analysis.planning.latency import (
+    LatencyAttempt,
+    LatencyGoalNotReached,
+    LatencyModel,
+    LatencyOutcome,
+    LatencyRuntime,
+)
 from analysis.planning.layer_table import JointLayerSavings, measure_layer_table
 from analysis.planning.measured import PlanScoring, SearchSettings, search_plan
 from analysis.planning.plan import Plan, Planner, open_planner, summed_prediction_notice
@@ -88,7 +94,9 @@ def plan_for_latency(
     :attr:`~analysis.planning.plan.Plan.latency` holds every attempt and the verdict (met, missed, or noisy).
 
     Raises:
-        UserError: If the goal is not below the dense latency, or cannot be reached with the analysed ratios.
+        UserError: If the goal is not below the dense latency.
+        LatencyGoalNotReached: If no plan of the analysed ratios was found for the goal (a ``UserError`` carrying the
+            attempts and the largest plan's measurement).
     """
     goal = LatencyGoal(reduction, batch, tolerance)
     with eval_mode(model):
@@ -226,8 +234,8 @@ class _Loop:
         return the latency model fitted to that measurement, to plan again.
 
         Raises:
-            UserError: The goal is not reachable within the analysed ratios (as measured), or the table could not be
-                corrected enough to find a plan.
+            LatencyGoalNotReached: The goal is not reachable within the analysed ratios (as measured), the machine was
+                too noisy to tell, or the table could not be corrected enough to find a plan.
         """
         outcome, planner = self.outcome, self.planner
         largest_choices = {group.key: max(group.choices, key=lambda choice: choice.count) for group in options}
@@ -237,26 +245,29 @@ class _Loop:
             last = outcome.attempts[-1] if outcome.attempts else None
             error = ("" if last is None else f"; the last plan was predicted {last.predicted_reduction:.1%} faster and "
                      f"measured {last.measured.reduction:.1%}")  # fmt: skip
-            raise UserError(
+            raise LatencyGoalNotReached(
                 f"No latency plan for {outcome.goal_text()} on {device}: the largest plan the analysed ratios allow "
                 f"measured {outcome.largest.reduction:.1%} faster, but the table's predictions stayed too far from the "
                 f"measurements to find a smaller one{error}; try SensitivityAnalysis.latency_table: layers, a larger "
-                "latency_batch, or a lower target."
+                "latency_batch, or a lower target.",
+                outcome,
             ) from None
         measured = self._measure(largest)
         outcome.largest = measured
         low, high = measured.interval
         if not measured.steady(self.goal.tolerance):
-            raise UserError(f"{outcome.noisy_sentence(measured, 'the largest plan the analysed ratios allow')}.")
+            noisy = outcome.noisy_sentence(measured, "the largest plan the analysed ratios allow")
+            raise LatencyGoalNotReached(f"{noisy}.", outcome)
         reaches = (measured.reduction >= outcome.goal_reduction if outcome.goal_reduction is not None else
                    measured.candidate_median <= outcome.goal_ms)  # fmt: skip
         if not reaches:
-            raise UserError(
+            raise LatencyGoalNotReached(
                 f"The latency goal ({outcome.goal_text()} on {device}) is not reachable within the analysed ratios: "
                 f"the largest plan they allow (every group at its largest analysed ratio) measured "
                 f"{measured.reduction:.1%} faster ({low:.1%} to {high:.1%}; {measured.candidate_median:.3f} ms, dense "
                 f"{measured.dense_median:.3f} ms around it); lower the target, analyse larger ratios, or measure at a "
-                "larger SensitivityAnalysis.latency_batch."
+                "larger SensitivityAnalysis.latency_batch.",
+                outcome,
             ) from None
         logger.info("The table found no plan for the goal, but the largest plan the analysed ratios allow measured "
                     "%.1f%% faster: the table underrates the savings; planning again on that measurement.",
