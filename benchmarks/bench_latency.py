@@ -333,10 +333,11 @@ def bench_row(row: Row, inputs: Inputs, record: AnalysisRecord, args: argparse.N
         start = time.perf_counter()
         outcome: LatencyOutcome | None = None
         try:
-            plan: Plan | None = plan_for_latency(inputs.model, inputs.example_input, record, runtime,
-                                                 reduction=row.target, batch=row.batch, progress=False,
-                                                 table=row.table, tolerance=args.tolerance)  # fmt: skip
-            outcome = plan.latency
+            chosen = plan_for_latency(inputs.model, inputs.example_input, record, runtime, reduction=row.target,
+                                      batch=row.batch, progress=False, table=row.table,
+                                      tolerance=args.tolerance)  # fmt: skip
+            plan: Plan | None = chosen
+            outcome = chosen.latency
         except LatencyGoalNotReached as error:  # carries the attempts and the largest plan's measurement
             plan, row.message, outcome = None, str(error), error.outcome
         except UserError as error:
