@@ -167,3 +167,34 @@ def test_a_goal_the_table_underrates_is_planned_after_measuring_the_largest_plan
     plan = plan_for_latency(model, example, load_record(path), runtime, reduction=target)
     assert plan.latency is not None and plan.latency.largest is not None and plan.latency.verdict == "met"
     assert plan.latency.measured_reduction >= target
+
+
+def test_a_group_whose_largest_probe_is_within_the_noise_is_not_probed_at_smaller_counts(setting: Any) -> None:
+    """Dense timings alternate between 1x and 1.3x the steady latency, so every probe's saving is known to about 30%
+    of the dense latency. Each group is probed at its largest count first: a group saving less than that there
+    (``layer2.downsample``, 20%) is not probed at its smaller counts, which are estimated linear in the count and
+    still offered to a plan; groups saving more are probed at every count. A rebuild from the file probes nothing."""
+    model, example, path = setting
+    steady, counts = table_of(setting, MacsRuntime(example), "steady.pkl")
+    assert all(sorted(steady.probes[group]) == found for group, found in counts.items())  # quiet: all probed
+    noisy = DisturbedRuntime(example, lambda call: 1.0 + 0.3 * ((call // 2) % 2))
+    with eval_mode(model):
+        planner, _ = open_planner(model, example, load_record(path))
+        table, _, _ = measure_table(planner, counts, noisy, 1, path.with_name("noisy.pkl"), progress=False,
+                                    tolerance=0.5)  # fmt: skip
+        quiet = [group for group in counts if not table.below_noise(group)]
+        assert "layer2.downsample.0.weight" not in quiet and "conv1.weight" in quiet  # the premise
+        for group, found in counts.items():
+            largest = max(found)
+            if group in quiet:
+                assert sorted(table.probes[group]) == found
+                continue
+            assert sorted(table.probes[group]) == [largest]  # one probe, within its noise
+            for count in found:
+                assert table.offers(group, count)
+                assert table.saving(group, count) == pytest.approx(table.saving(group, largest) * count / largest)
+        calls = noisy.calls
+        again, _, _ = measure_table(planner, counts, noisy, 1, path.with_name("noisy.pkl"), progress=False,
+                                    tolerance=0.5)  # fmt: skip
+    assert noisy.calls == calls and again.probes == table.probes  # the skipped counts are not owed on a rebuild
+    assert not table.offers("layer2.downsample.0.weight", max(counts["layer2.downsample.0.weight"]) + 1)

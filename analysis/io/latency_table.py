@@ -87,6 +87,17 @@ class LatencyTable:
         spread = self.spread(group, count)
         return spread is not None and abs(self.probe_saving(group, count)) <= spread
 
+    def below_noise(self, group: str) -> bool:
+        """Whether ``group``'s largest probe saved no more than its noise: its smaller counts are then not probed
+        (their savings, smaller still, could not be read one at a time) but estimated, linear in the count."""
+        found = self.probes.get(group)
+        return found is not None and len(found) > 0 and self.within_noise(group, max(found))
+
+    def offers(self, group: str, count: int) -> bool:
+        """Whether a plan may remove ``count`` channels of ``group`` on this table: a probed count, or any count up to
+        the largest probe of a group whose savings are below the noise (:meth:`below_noise`)."""
+        return self.measured(group, count) or (self.below_noise(group) and count <= max(self.probes[group]))
+
     def layer_saving(self, dense: str, pruned: str) -> float:
         """What pruning the layer of shape ``dense`` to shape ``pruned`` saves, relative to ``dense`` measured just
         before ``pruned`` when it was (else the plain difference)."""

@@ -524,7 +524,7 @@ class Planner:
         for count in allowed_counts(channels, len(members[0].conv_blocks), self.round_to):
             if count > largest:
                 break
-            if self.latency is not None and count and not self.latency.table.measured(members[0].name, count):
+            if self.latency is not None and count and not self.latency.table.offers(members[0].name, count):
                 continue  # latency is not linear in the channel count: only measured counts are offered
             candidates = [
                 (interpolate(losses, count), interpolate(saved, count), name)

@@ -6,7 +6,12 @@ it finishes, so a killed build resumes without measuring again.
 The dense model is prepared once (exported, one session) for the whole table, and every probe is timed between two
 timings of it (:func:`~analysis.runtimes.compare.bracket`, consecutive probes sharing the dense timing between
 them): its saving is relative to their mean, their disagreement is its recorded noise, and a probe whose dense
-timings drift beyond the tolerance, or whose saving is within its noise, is measured again (bounded)."""
+timings drift beyond the tolerance, or whose saving is within its noise, is measured again (bounded).
+
+Each group is probed at its largest count first. Most groups of a real model save too little to read one at a time:
+when that largest probe's saving is still within its noise, the group's smaller counts are not probed (their savings
+are smaller still) but estimated, linear in the count, and a plan may take any of them
+(:meth:`~analysis.io.latency_table.LatencyTable.offers`)."""
 
 from __future__ import annotations
 
@@ -91,7 +96,9 @@ def measure_table(
     model, example = planner.model, planner.example_input
     sample_shape = tuple(example.shape[1:])
     table, path = open_table(planner, runtime, batch, analysis_file)
-    todo = [(group, count) for group, found in counts.items() for count in found if not table.measured(group, count)]
+    # each group's largest count first: when its saving is below the noise, the smaller ones are estimated instead
+    todo = [(group, count) for group, found in counts.items() for count in sorted(found, reverse=True)
+            if not table.measured(group, count)]  # fmt: skip
     start = time.perf_counter()
     if table.dense_ms is None or todo:
         done = sum(len(found) for found in counts.values()) - len(todo)
@@ -99,7 +106,7 @@ def measure_table(
             "Latency table on %s (batch %d): %d probe(s) to measure%s.", runtime.device, batch, len(todo),
             f", {done} cached in {path.name}" if done else "",
         )  # fmt: skip
-    noisy = drifted = 0
+    noisy = drifted = skipped = 0
     with runtime.prepare(model, sample_shape) as dense:
         last_dense: float | None = None  # a cached dense latency is from another time: not a reference now
         if table.dense_ms is None:
@@ -107,6 +114,10 @@ def measure_table(
             save_table(path, table)
         with progress_bar(progress, total=len(todo), desc="latency table", unit="probe") as bar:
             for group, count in todo:
+                if table.below_noise(group) and count < max(table.probes[group]):
+                    skipped += 1  # a smaller saving than one already within the noise: estimated, not probed
+                    bar.update(1)
+                    continue
                 member = planner.by_name[group]
                 copy = jointly_pruned_copy(model, [(member.module_name, planner.removed(group, count))], example)
                 with runtime.prepare(copy, sample_shape) as probe:
@@ -125,8 +136,9 @@ def measure_table(
     if todo:
         logger.info(
             "Latency table: %d probe(s) measured in %.1f s; %d saved no more than their noise, %d on a machine that "
-            "drifted beyond %.0f%% in %d tries.", len(todo), time.perf_counter() - start, noisy, drifted,
-            100 * tolerance, TRIES,
+            "drifted beyond %.0f%% in %d tries; %d smaller count(s) of groups whose largest probe saved no more than "
+            "its noise were estimated (linear in the count) instead of probed.", len(todo) - skipped,
+            time.perf_counter() - start, noisy, drifted, 100 * tolerance, TRIES, skipped,
         )  # fmt: skip
     return table, path, time.perf_counter() - start
 
