@@ -136,6 +136,14 @@ class CliResult:
     err: str
 
 
+def default_signals() -> None:
+    """A child process's ``preexec_fn``: SIGINT back to its default, so the child (Python) turns it into
+    ``KeyboardInterrupt``. A test run started as a background job of a non-interactive shell (``pytest ... &``)
+    ignores SIGINT, and an ignored signal stays ignored in every process it starts, so a test sending SIGINT to its
+    child would see it ignored (measured: test_harness failed that way, and passed started under ``timeout``)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 # main() turns these signals into these exit codes (and restores the previous handlers before returning).
 _SIGNAL_EXITS = {130: signal.SIGINT, 143: signal.SIGTERM}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, default_signals
 
 SIGNALLING_MODEL = """
 import os
@@ -78,7 +78,8 @@ def run_inner(tmp_path: Path, selection: str) -> subprocess.CompletedProcess[str
     path = os.pathsep.join([str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH", "")])
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", selection, "test_inner.py"]
     env = {**os.environ, "PYTHONPATH": path}
-    return subprocess.run(command, cwd=inner, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, cwd=inner, env=env, capture_output=True, text=True, timeout=300,
+                          preexec_fn=default_signals)  # fmt: skip
 
 
 def test_without_the_harness_a_signal_becomes_a_passing_exit_code(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from analysis.io.results import load_sensitivities
 
-from helpers import ENGINE_MODELS, REPO, tiny_global, write_config
+from helpers import ENGINE_MODELS, REPO, default_signals, tiny_global, write_config
 
 RATIOS = ["0.2", "0.4", "0.6", "0.8"]
 
@@ -75,7 +75,8 @@ def test_interrupted_run_saves_says_how_to_resume_and_exits(
 ) -> None:
     path = config(tmp_path, list_data, "stopped")
     target = tmp_path / "stopped" / "s.pkl"
-    process = subprocess.Popen(command(path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command(path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=default_signals)  # fmt: skip
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and process.poll() is None and not (target.exists() and units(target) >= 1):
         time.sleep(0.005)
