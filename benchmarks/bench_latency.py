@@ -452,7 +452,8 @@ def line(row: Row) -> str:
     cuts = (
         ""
         if latency is None
-        else f"{_pct(latency.macs_reduction)} / " + (_pct(macs.macs_reduction) if macs is not None else "none as fast")
+        else f"{_pct(latency.macs_reduction)} / "
+        + (_pct(macs.macs_reduction) if macs is not None else "none as fast" if row.macs_search else "not searched")
     )
     verdict = row.verdict + ("" if row.verdict != "error" else f": {row.message[:120]}")
     return (
