@@ -5,6 +5,7 @@ drift, one slow dense timing, and pure noise)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,9 @@ from torch import nn
 from analysis.errors import UserError
 from analysis.io.latency_table import LatencyTable
 from analysis.io.record import load_record
-from analysis.planning.latency import LatencyAttempt, LatencyOutcome
+from analysis.planning.latency import OVERSHOOT, LatencyAttempt, LatencyOutcome
 from analysis.planning.latency_plan import plan_for_latency
-from analysis.planning.plan import open_planner
+from analysis.planning.plan import Plan, open_planner
 from analysis.planning.probes import measure_table
 from analysis.runtimes.compare import Bracketed, bracket
 from analysis.runtimes.runtime import Prepared
@@ -198,3 +199,66 @@ def test_a_group_whose_largest_probe_is_within_the_noise_is_not_probed_at_smalle
                                     tolerance=0.5)  # fmt: skip
     assert noisy.calls == calls and again.probes == table.probes  # the skipped counts are not owed on a rebuild
     assert not table.offers("layer2.downsample.0.weight", max(counts["layer2.downsample.0.weight"]) + 1)
+
+
+class ReshapedRuntime(MacsRuntime):
+    """:class:`MacsRuntime` (same name and settings, so it reads the steady runtime's cached table) whose pruned
+    models save ``shape(cut)`` of the dense latency, where ``cut`` is what they save on the steady runtime: a table
+    that under- or over-rates the plans measured now."""
+
+    def __init__(self, example: torch.Tensor, dense: nn.Module, shape: Callable[[float], float]) -> None:
+        super().__init__(example)
+        self.shape = shape
+        self.dense = MacsRuntime(example).latency_of(dense)
+
+    def _latency_of(self, model: nn.Module, sample_shape: Any) -> float:
+        cut = 1.0 - super()._latency_of(model, sample_shape) / self.dense
+        return self.dense * (1.0 - self.shape(cut))
+
+
+def cached_plan(setting: Any, shape: Callable[[float], float], reduction: float) -> Plan:
+    """The latency plan for ``reduction`` on a :class:`ReshapedRuntime`, over the steady runtime's table."""
+    model, example, path = setting
+    table_of(setting, MacsRuntime(example), path.name)  # the cached table, beside the analysis file
+    return plan_for_latency(model, example, load_record(path), ReshapedRuntime(example, model, shape),
+                            reduction=reduction)  # fmt: skip
+
+
+def removed(plan: Plan) -> int:
+    return sum(len(group.removed) for group in plan.groups)
+
+
+def test_a_plan_that_beats_the_goal_by_far_is_replaced_by_a_smaller_one_that_meets_it(setting: Any) -> None:
+    """Every plan saves twice what the table says: the first plan beats 30% by far, removing more than needed; the
+    model is fitted to it and the smaller plan made then meets the goal with less to spare, and is chosen."""
+    plan = cached_plan(setting, lambda cut: 2.0 * cut, 0.3)
+    outcome = plan.latency
+    assert outcome is not None and outcome.verdict == "met" and len(outcome.attempts) >= 2
+    first, chosen = outcome.attempts[0], outcome.last
+    assert outcome.overshoot(first) > OVERSHOOT  # the premise: the first plan beat the goal by far
+    assert chosen is not first and 0.3 <= chosen.measured.interval[0] < first.measured.interval[0]
+    assert chosen.predicted_reduction == pytest.approx(chosen.measured.reduction, abs=0.01)  # fitted: exact now
+    model, example, _ = setting
+    steady = MacsRuntime(example)
+    assert steady.latency_of(jointly_pruned_copy(model, plan.removals(), example)) > steady.latency_of(
+        jointly_pruned_copy(model, _first_plan(setting, 0.3).removals(), example)
+    )  # the chosen model is the larger one (less pruned)
+
+
+def _first_plan(setting: Any, reduction: float) -> Plan:
+    """The plan the steady runtime's table gives first (what the first attempt above measured)."""
+    model, example, path = setting
+    return plan_for_latency(model, example, load_record(path), MacsRuntime(example), reduction=reduction)
+
+
+def test_when_the_smaller_plan_misses_the_met_one_is_kept(setting: Any) -> None:
+    """Savings convex in the steady cut (4 cut²): the first plan beats the goal by far, the fitted model then
+    over-rates the smaller plan, which misses; the met plan stays the chosen one, and the outcome says so."""
+    plan = cached_plan(setting, lambda cut: 4.0 * cut * cut, 0.3)
+    outcome = plan.latency
+    assert outcome is not None and len(outcome.attempts) == 2 and outcome.chosen == 0
+    assert outcome.verdict == "met" and outcome.attempts[1].measured.interval[0] < 0.3  # the smaller one missed
+    model, example, _ = setting
+    runtime = ReshapedRuntime(example, model, lambda cut: 4.0 * cut * cut)
+    pruned = runtime.latency_of(jointly_pruned_copy(model, plan.removals(), example))
+    assert pruned == pytest.approx(outcome.last.measured_ms) and outcome.as_dict()["chosen"] == 0

@@ -16,6 +16,9 @@ from analysis.runtimes.compare import TOLERANCE, Bracketed
 from analysis.runtimes.runtime import Prepared
 from analysis.runtimes.timing import Latency
 
+OVERSHOOT = 0.03
+"""A met plan whose measurement beats the goal by more than this fraction of the dense latency removed more than it
+needed: the latency model is fitted to it and a smaller plan tried (kept only when it is met too)."""
 SCALE_RANGE = (0.05, 2.0)
 """Bounds of the fitted scale: a measurement can shrink the predicted savings a lot, never erase or explode them."""
 
@@ -144,7 +147,9 @@ class LatencyOutcome:
         batch: Images per call.
         dense_ms: The unpruned model's latency (the table's).
         goal_ms: The latency the plan must reach (from the table's dense latency, for a reduction).
-        attempts: The plans measured, in order; the last is the chosen one.
+        attempts: The plans measured, in order.
+        chosen: The index in :attr:`attempts` of the chosen plan: the last, unless a plan made after a met one to
+            remove less (its measurement beat the goal by more than :data:`OVERSHOOT`) missed, when the met one is kept.
         goal_reduction: The reduction asked for (None for an absolute goal): met when the plan's measured interval is
             at least that much below the dense model measured around it, so a machine that got slower or faster
             since the table was measured does not decide it.
@@ -167,11 +172,19 @@ class LatencyOutcome:
     tolerance: float = TOLERANCE
     settings: dict[str, object] = field(default_factory=dict)
     largest: Bracketed | None = None
+    chosen: int = -1
 
     @property
     def last(self) -> LatencyAttempt:
-        """The chosen plan's attempt."""
-        return self.attempts[-1]
+        """The chosen plan's attempt (:attr:`chosen`)."""
+        return self.attempts[self.chosen]
+
+    def overshoot(self, attempt: LatencyAttempt) -> float:
+        """How far ``attempt``'s worse end beat the goal, as a fraction of the dense latency (negative: short of it)."""
+        measured = attempt.measured
+        if self.goal_reduction is not None:
+            return measured.interval[0] - self.goal_reduction
+        return (self.goal_ms - measured.candidate_worst) / measured.dense_median
 
     @property
     def measured_ms(self) -> float:

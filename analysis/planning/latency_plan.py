@@ -1,7 +1,9 @@
 """A plan for a latency budget, measured end to end: the latency table is measured on the runtime (or read from its
 cache), the knapsack plans on it, the planned model is timed between timings of the dense model on the same runtime
 (:func:`~analysis.runtimes.compare.bracket`), and while it misses the budget the latency model is rescaled to that
-measurement and the plan made again (at most :data:`MAX_ATTEMPTS`).
+measurement and the plan made again (at most :data:`MAX_ATTEMPTS`). A plan that beats the goal by more than
+:data:`~analysis.planning.latency.OVERSHOOT` removed more than it needed: the model is rescaled to it too and a smaller
+plan tried, kept only when it meets the goal as well.
 
 The verdict rests on the measured interval's worse end, and on dense timings that agree: a machine too noisy to
 judge is said to be so, not called a miss or a success. When no plan can reach the goal, the largest plan the
@@ -23,6 +25,7 @@ from analysis.io.lock import exclusive
 from analysis.io.record import AnalysisRecord
 from analysis.planning.allocate import GroupOptions
 from analysis.planning.latency import (
+    OVERSHOOT,
     LatencyAttempt,
     LatencyGoalNotReached,
     LatencyModel,
@@ -167,6 +170,8 @@ class _Loop:
         planner, outcome = self.planner, self.outcome
         tried: set[tuple[tuple[str, int], ...]] = set()
         plan: Plan | None = None
+        kept: tuple[int, Plan] | None = None  # a met plan that beat the goal by far, while a smaller one is tried
+        measured_plan: Plan | None = None  # the plan of the newest attempt
         while len(outcome.attempts) < MAX_ATTEMPTS:
             planner.use_latency(latency)
             for other, value in self.also.items():
@@ -175,6 +180,8 @@ class _Loop:
             try:
                 plan = _plan(planner, options, self.record, target, self.method)
             except UserError:
+                if kept is not None:
+                    break  # no smaller plan: the met one stands
                 latency = self._unreachable(options, latency)  # raises unless the largest plan reaches it
                 continue
             picks = _picks(plan)
@@ -190,9 +197,13 @@ class _Loop:
                     break  # the analysed ratios allow no more: measure the plan there is
                 picks = _picks(plan)
                 predicted = latency.plan_ms(picks)
+            chosen = tuple(sorted(picks.items()))
+            if kept is not None and chosen in tried:
+                break  # fitted to the met plan, the model offers no plan not measured already
             measured = self._measure(plan)
             outcome.attempts.append(LatencyAttempt(round(target, 6), 1.0 - predicted / latency.dense_ms, measured,
                                                    latency.scale))  # fmt: skip
+            outcome.chosen, measured_plan = len(outcome.attempts) - 1, plan
             logger.info(
                 "Latency plan (attempt %d): predicted %.1f%% faster, measured %.1f%% (%.1f%% to %.1f%%; %.3f ms, "
                 "dense %.3f ms around it, %.1f%% apart) on %s, goal %s: %s.", len(outcome.attempts),
@@ -200,16 +211,29 @@ class _Loop:
                 100 * measured.interval[1], measured.candidate_median, measured.dense_median, 100 * measured.drift,
                 self.runtime.device, outcome.goal_text(), outcome.verdict,
             )  # fmt: skip
-            if outcome.verdict in ("met", "noisy"):
+            verdict = outcome.verdict
+            if kept is not None and verdict != "met":
+                break  # the smaller plan missed (or could not be judged): the met one stands
+            if verdict == "noisy":
                 break  # a noisy measurement corrects nothing: the verdict says so instead
+            if verdict == "met":
+                beaten = outcome.overshoot(outcome.last)
+                if beaten <= OVERSHOOT or len(outcome.attempts) >= MAX_ATTEMPTS:
+                    break
+                kept = (outcome.chosen, plan)
+                logger.info(
+                    "The latency plan beat the goal by %.1f%% of the dense latency: it removes more than needed; "
+                    "fitting the latency model to it and trying a smaller plan.", 100 * beaten,
+                )  # fmt: skip
             on_table = latency.dense_ms * (1.0 - measured.reduction)  # the measured reduction on the table's scale
-            chosen = tuple(sorted(picks.items()))
-            if chosen in tried:  # rescaling did not change the plan: ask the knapsack for the shortfall too
+            if verdict == "missed" and chosen in tried:  # rescaling did not change the plan: ask for the shortfall too
                 target = min(0.999, target + (on_table - outcome.goal_ms) / latency.dense_ms)
             tried.add(chosen)
             latency = latency.fitted(picks, on_table)
-        assert plan is not None
-        return plan
+        if kept is not None and not outcome.met:  # the newest attempt (chosen so far) missed: the met one stands
+            outcome.chosen, measured_plan = kept
+        assert measured_plan is not None
+        return measured_plan
 
     def _measure(self, plan: Plan) -> Bracketed:
         """``plan``'s pruned model timed between timings of the dense model, with more rounds when its interval

@@ -385,7 +385,8 @@ def _prediction(plan: PlanRecord) -> str:
 def _latency_outcome(latency: Mapping[str, Any]) -> str:
     """A latency plan's last attempt, as the sidecar keeps it: measured beside the dense model, predicted, the goal."""
     attempts = latency.get("attempts") or [{}]
-    last = attempts[-1]
+    chosen = latency.get("chosen", -1)
+    last = attempts[chosen] if isinstance(chosen, int) and -len(attempts) <= chosen < len(attempts) else attempts[-1]
     reduction = latency.get("goal_reduction")
     goal = f"{percent(reduction)} less" if reduction is not None else f"{fixed(latency.get('goal_ms'), '.3f')} ms"
     return (f"{latency.get('runtime')} on {latency.get('device')}, batch {latency.get('batch')}: dense "
