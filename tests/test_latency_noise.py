@@ -20,6 +20,8 @@ from analysis.planning.latency import OVERSHOOT, LatencyAttempt, LatencyOutcome
 from analysis.planning.latency_plan import plan_for_latency
 from analysis.planning.plan import Plan, open_planner
 from analysis.planning.probes import measure_table
+from analysis.planning.result import PlanResult
+from analysis.reporting.plan_text import format_plan
 from analysis.runtimes.compare import Bracketed, bracket
 from analysis.runtimes.runtime import Prepared
 from analysis.runtimes.timing import Latency
@@ -262,3 +264,6 @@ def test_when_the_smaller_plan_misses_the_met_one_is_kept(setting: Any) -> None:
     runtime = ReshapedRuntime(example, model, lambda cut: 4.0 * cut * cut)
     pruned = runtime.latency_of(jointly_pruned_copy(model, plan.removals(), example))
     assert pruned == pytest.approx(outcome.last.measured_ms) and outcome.as_dict()["chosen"] == 0
+    shown = format_plan(PlanResult(plan, None))
+    assert "2 plan(s) measured, plan 1 kept (the smaller plan tried after it missed the goal)" in shown
+    assert f"measured {outcome.attempts[0].measured.reduction:.1%} faster" in shown  # the kept plan's figures

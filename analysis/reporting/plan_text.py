@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from analysis.metrics import LABEL_FREE_METRICS
+from analysis.planning.latency import LatencyOutcome
 from analysis.planning.result import PlanResult
 from analysis.structure.flops import format_count
 
@@ -62,7 +63,7 @@ def format_plan(result: PlanResult) -> str:
             f"({low:.1%} to {high:.1%} over {len(last.measured.candidate_ms)} timings; {last.dense_ms:.3f} -> "
             f"{last.measured_ms:.3f} ms, the dense model timed around it), predicted {last.predicted_reduction:.1%} "
             f"({last.predicted_ms:.3f} ms); goal {latency.goal_text()}: {verdict}; {len(latency.attempts)} plan(s) "
-            f"measured; table {latency.table_seconds:.1f} s, {latency.table_file}"
+            f"measured{_chosen(latency)}; table {latency.table_seconds:.1f} s, {latency.table_file}"
         )
         if latency.verdict == "noisy":
             lines.append(f"WARNING: {latency.noisy_sentence()}.")
@@ -145,3 +146,11 @@ def format_plan(result: PlanResult) -> str:
 def _loss(value: float) -> str:
     """A predicted loss as printed: signed, or ``unknown`` (NaN) where a ratio lies beyond the analysed ones."""
     return "unknown" if math.isnan(value) else f"{value:+.4f}"
+
+
+def _chosen(latency: LatencyOutcome) -> str:
+    """Which measured plan was kept, when it is not the last one (a smaller plan tried after it missed)."""
+    index = latency.chosen % len(latency.attempts)
+    if index == len(latency.attempts) - 1:
+        return ""
+    return f", plan {index + 1} kept (the smaller plan tried after it missed the goal)"
