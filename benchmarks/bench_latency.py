@@ -64,6 +64,7 @@ from analysis.errors import UserError  # noqa: E402
 from analysis.inputs.build import Inputs, build_inputs  # noqa: E402
 from analysis.io.record import AnalysisRecord, load_record  # noqa: E402
 from analysis.planning.latency import LatencyGoalNotReached, LatencyOutcome  # noqa: E402
+from analysis.planning.latency_plan import largest_plan as planned_largest  # noqa: E402
 from analysis.planning.latency_plan import plan_for_latency  # noqa: E402
 from analysis.planning.plan import Plan, build_plan, open_planner  # noqa: E402
 from analysis.runtimes.compare import bracket  # noqa: E402
@@ -235,12 +236,11 @@ def busy(count: int) -> Iterator[None]:
 
 
 def largest_plan(inputs: Inputs, record: AnalysisRecord) -> Plan:
-    """The plan with every analysed group at its largest analysed count (what the planner measures before saying a
-    goal is not reachable)."""
+    """The plan with every analysed group at its largest analysed count (the planner's own, as it measures it before
+    saying a goal is not reachable)."""
     with eval_mode(inputs.model):
         planner, options = open_planner(inputs.model, inputs.example_input, record, "macs")
-        choices = {group.key: max(group.choices, key=lambda choice: choice.count) for group in options}
-        return planner.plan(options, choices, 0.0, 0.0, 0.0)
+        return planned_largest(planner, options)
 
 
 def macs_reduction(plan: Plan) -> float:

@@ -41,6 +41,11 @@ class GroupOptions:
         return self.members[0]
 
 
+def largest_choices(options: Sequence[GroupOptions]) -> dict[str, Choice]:
+    """Per group key, the choice removing the most channels: every group as far as the analysed ratios go."""
+    return {group.key: max(group.choices, key=lambda choice: choice.count) for group in options}
+
+
 @dataclass
 class Allocation:
     """Per-group choices reaching a saving target with the smallest summed predicted loss found.
@@ -271,7 +276,7 @@ def allocate_all(
         if best is None or found.predicted_loss < best.predicted_loss:
             best = found
     if best is None:
-        largest = {group.key: max(group.choices, key=lambda c: c.count) for group in options}
+        largest = largest_choices(options)
         missed = [c.name for c in constraints if c.met_fraction(largest) < 1.0]
         which = " and ".join(missed) if missed else "budgets together"
         raise BudgetUnreachable(f"the largest measured ratios cannot meet the {which} budget")

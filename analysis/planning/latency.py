@@ -210,12 +210,9 @@ class LatencyOutcome:
     def verdict(self) -> str:
         """:data:`VERDICTS`: for a reduction, met when the worse end of the measured interval reaches it; for a goal
         in ms, when the slowest timing does; noisy when the dense timings around it drifted beyond the tolerance."""
-        measured = self.last.measured
-        if not measured.steady(self.tolerance):
+        if not self.last.measured.steady(self.tolerance):
             return "noisy"
-        if self.goal_reduction is not None:
-            return "met" if measured.interval[0] >= self.goal_reduction else "missed"
-        return "met" if measured.candidate_worst <= self.goal_ms else "missed"
+        return "met" if self.overshoot(self.last) >= 0.0 else "missed"
 
     @property
     def met(self) -> bool:

@@ -23,7 +23,7 @@ from torch import nn
 from analysis.errors import UserError
 from analysis.io.lock import exclusive
 from analysis.io.record import AnalysisRecord
-from analysis.planning.allocate import GroupOptions
+from analysis.planning.allocate import GroupOptions, largest_choices
 from analysis.planning.latency import (
     OVERSHOOT,
     LatencyAttempt,
@@ -262,8 +262,7 @@ class _Loop:
                 too noisy to tell, or the table could not be corrected enough to find a plan.
         """
         outcome, planner = self.outcome, self.planner
-        largest_choices = {group.key: max(group.choices, key=lambda choice: choice.count) for group in options}
-        largest = planner.plan(options, largest_choices, 0.0, 0.0, 0.0)
+        largest = largest_plan(planner, options)
         device = f"{self.runtime.device}, batch {self.goal.batch}"
         if outcome.largest is not None:
             last = outcome.attempts[-1] if outcome.attempts else None
@@ -297,6 +296,12 @@ class _Loop:
                     "%.1f%% faster: the table underrates the savings; planning again on that measurement.",
                     100 * measured.reduction)  # fmt: skip
         return latency.fitted(_picks(largest), latency.dense_ms * (1.0 - measured.reduction))
+
+
+def largest_plan(planner: Planner, options: list[GroupOptions]) -> Plan:
+    """The plan with every group at its largest analysed count: what the loop measures before it says a goal is not
+    reachable within the analysed ratios."""
+    return planner.plan(options, largest_choices(options), 0.0, 0.0, 0.0)
 
 
 def _picks(plan: Plan) -> dict[str, int]:

@@ -42,6 +42,7 @@ from analysis.planning.allocate import (
     GroupOptions,
     allocate,
     allocate_all,
+    largest_choices,
 )
 from analysis.planning.latency import LatencyModel, LatencyOutcome
 from analysis.ratio import normalise_ratio, ratio_problem
@@ -616,7 +617,7 @@ class Planner:
             return allocate(options, target * dense, self.joint_saved, resolution)
         except BudgetUnreachable as error:
             if self.also:
-                largest = {g.key: max(g.choices, key=lambda c: c.count) for g in options}
+                largest = largest_choices(options)
                 reached = " and ".join(self._reached(m, self.saved_in(m, largest) / self.dense_in(m))
                                        for m in self.budgets(target))  # fmt: skip
                 asked = " and ".join(self._goal(m, r) for m, r in self.budgets(target).items())
