@@ -63,6 +63,7 @@ from analysis.config import Config, load_config  # noqa: E402
 from analysis.errors import UserError  # noqa: E402
 from analysis.inputs.build import Inputs, build_inputs  # noqa: E402
 from analysis.io.record import AnalysisRecord, load_record  # noqa: E402
+from analysis.planning.allocate import GroupOptions  # noqa: E402
 from analysis.planning.latency import LatencyGoalNotReached, LatencyOutcome  # noqa: E402
 from analysis.planning.latency_plan import largest_plan as planned_largest  # noqa: E402
 from analysis.planning.latency_plan import plan_for_latency  # noqa: E402
@@ -235,12 +236,16 @@ def busy(count: int) -> Iterator[None]:
             process.wait()
 
 
-def largest_plan(inputs: Inputs, record: AnalysisRecord) -> Plan:
-    """The plan with every analysed group at its largest analysed count (the planner's own, as it measures it before
-    saying a goal is not reachable)."""
+def largest_plan(inputs: Inputs, record: AnalysisRecord, round_to: int) -> Plan:
+    """The plan with every analysed group at its largest probed count (keeping a multiple of ``round_to`` channels):
+    the planner's own, as it measures it before saying a goal is not reachable."""
     with eval_mode(inputs.model):
         planner, options = open_planner(inputs.model, inputs.example_input, record, "macs")
-        return planned_largest(planner, options)
+        probed = planner.probe_counts(options, record.sensitivities, round_to)
+        offered = [GroupOptions(group.members, group.channels,
+                                [c for c in group.choices if not c.count or c.count in probed[group.key]])
+                   for group in options]  # fmt: skip
+        return planned_largest(planner, offered)
 
 
 def macs_reduction(plan: Plan) -> float:
@@ -335,7 +340,7 @@ def bench_row(row: Row, inputs: Inputs, record: AnalysisRecord, args: argparse.N
         try:
             chosen = plan_for_latency(inputs.model, inputs.example_input, record, runtime, reduction=row.target,
                                       batch=row.batch, progress=False, table=row.table,
-                                      tolerance=args.tolerance)  # fmt: skip
+                                      tolerance=args.tolerance, round_to=args.round_to)  # fmt: skip
             plan: Plan | None = chosen
             outcome = chosen.latency
         except LatencyGoalNotReached as error:  # carries the attempts and the largest plan's measurement
@@ -367,7 +372,7 @@ def bench_row(row: Row, inputs: Inputs, record: AnalysisRecord, args: argparse.N
         elif NOT_REACHABLE in row.message and outcome is not None and outcome.largest is not None:
             row.verdict = "not reachable"
             row.measured = outcome.largest.as_dict()
-            plans["largest"] = largest_plan(inputs, record)
+            plans["largest"] = largest_plan(inputs, record, args.round_to)
         elif outcome is not None and outcome.largest is not None and not outcome.largest.steady(args.tolerance):
             row.verdict, row.measured = "noisy", outcome.largest.as_dict()  # too noisy to judge the largest plan
         else:
@@ -491,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exporter", choices=("torchscript", "dynamo"), default="torchscript",
                         help="the ONNX exporter tried first, for the planner's files and the checked ones")  # fmt: skip
     parser.add_argument("--tolerance", type=float, default=0.05, help="the planner's latency_tolerance (drift)")
+    parser.add_argument("--round-to", type=int, default=8, help="the planner's latency_round_to (1: any count)")
     parser.add_argument("--no-macs", action="store_true", help="skip the MACs plan of equal latency")
     parser.add_argument("--macs-tolerance", type=float, default=0.02,
                         help="the MACs plan search stops when its bracket of MACs targets is this narrow")  # fmt: skip
@@ -533,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{row.model} {row.analysis_images}" for row in {r.model: r for r in rows}.values())
           + f"; ratios {args.ratios}; threads {args.threads or 'default'}; independent check: "
           f"{args.independent_rounds} rounds of {args.independent_seconds:g} s timings in a fresh process; "
-          f"busy processes during planning: {args.busy}.\n")  # fmt: skip
+          f"busy processes during planning: {args.busy}; latency_round_to {args.round_to}.\n")  # fmt: skip
     print(HEADER)
     for row in rows:
         print(line(row))

@@ -19,15 +19,18 @@ from helpers import batches, pseudo_labelled
 
 class MacsRuntime(Runtime):
     """A deterministic runtime: latency = a fixed overhead plus the model's MACs (in millions), optionally with an
-    extra cost per layer whose channel count is not a multiple of 4 (as real kernels prefer aligned widths)."""
+    extra cost per conv whose channel count is not a multiple of ``multiple`` (as real kernels prefer aligned
+    widths)."""
 
     name = "fake"
     device = "fake device"
 
     def __init__(
-        self, example: torch.Tensor, misaligned_ms: float = 0.0, fail_after: int | None = None, power: float = 1.0
-    ) -> None:
+        self, example: torch.Tensor, misaligned_ms: float = 0.0, fail_after: int | None = None, power: float = 1.0,
+        multiple: int = 4,
+    ) -> None:  # fmt: skip
         self.example, self.misaligned_ms, self.fail_after, self.power = example, misaligned_ms, fail_after, power
+        self.multiple = multiple
         self.calls = 0
         self._known: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, ...] | None, float]] = (
             weakref.WeakKeyDictionary()
@@ -44,7 +47,7 @@ class MacsRuntime(Runtime):
         sample = self.example[:1] if sample_shape is None else torch.zeros(1, *sample_shape)
         macs = count_cost(model, sample).macs
         convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
-        misaligned = sum(m.out_channels % 4 != 0 for m in convs)
+        misaligned = sum(m.out_channels % self.multiple != 0 for m in convs)
         return 0.5 + (macs / 1e4) ** self.power + self.misaligned_ms * misaligned
 
     def measure(self, model: nn.Module, sample_shape: Sequence[int], batch: int) -> Latency:

@@ -248,6 +248,7 @@ def test_a_command_printing_inf_or_nan_has_no_latency(output: str) -> None:
          r"SensitivityAnalysis\.runtime_pattern would be ignored"),
         (["--target_macs_reduction", "0.3", "--latency_table", "layers"], r"latency_table \(--latency_table\)"),
         (["--target_macs_reduction", "0.3", "--latency_batch", "8"], r"latency_batch \(--latency_batch\)"),
+        (["--target_macs_reduction", "0.3", "--latency_round_to", "1"], r"latency_round_to \(--latency_round_to\)"),
         (["--target_macs_reduction", "0.3", "--runtime", "onnxruntime"], r"latency_runtime \(--runtime\) would be"),
     ],
 )  # fmt: skip

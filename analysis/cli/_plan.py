@@ -60,6 +60,8 @@ def build_plan_parser() -> CommandParser:
                         "model (the whole model once per probe, default) or layers (each changed conv/linear "
                         "shape alone)")  # fmt: skip
     parser.add_argument("--latency_batch", type=int, help="images per call when measuring latency (default 1)")
+    parser.add_argument("--latency_round_to", type=int, help="a latency plan keeps a multiple of this many channels "
+                        "per pruned group (default 8; 1: any analysed count)")  # fmt: skip
     parser.add_argument("--method", choices=PLAN_METHODS, help="knapsack (from the sensitivity curves, default) or "
                         "measured (improved with joint evaluations, BatchNorm re-estimated)")  # fmt: skip
     parser.add_argument(
@@ -110,6 +112,7 @@ def plan_main(args: argparse.Namespace) -> int:
         "SensitivityAnalysis.runtime_command": args.runtime_command,
         "SensitivityAnalysis.latency_batch": args.latency_batch,
         "SensitivityAnalysis.latency_table": args.latency_table,
+        "SensitivityAnalysis.latency_round_to": args.latency_round_to,
         "SensitivityAnalysis.verify": True if args.verify else None,
         "SensitivityAnalysis.export_dir": args.export_dir,
         "SensitivityAnalysis.plan_method": args.method,

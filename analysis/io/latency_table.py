@@ -93,10 +93,14 @@ class LatencyTable:
         found = self.probes.get(group)
         return found is not None and len(found) > 0 and self.within_noise(group, max(found))
 
-    def offers(self, group: str, count: int) -> bool:
+    def offers(self, group: str, count: int, between: bool = False) -> bool:
         """Whether a plan may remove ``count`` channels of ``group`` on this table: a probed count, or any count up to
-        the largest probe of a group whose savings are below the noise (:meth:`below_noise`)."""
-        return self.measured(group, count) or (self.below_noise(group) and count <= max(self.probes[group]))
+        the largest probe (its saving interpolated) of a group whose savings are below the noise (:meth:`below_noise`),
+        or of any probed group when ``between`` (counts kept aligned, where latency runs smoothly in the count)."""
+        found = self.probes.get(group)
+        if not found:
+            return False
+        return count in found or ((between or self.below_noise(group)) and 0 < count <= max(found))
 
     def layer_saving(self, dense: str, pruned: str) -> float:
         """What pruning the layer of shape ``dense`` to shape ``pruned`` saves, relative to ``dense`` measured just

@@ -68,11 +68,13 @@ class LatencyGoal:
         reduction: The fraction less latency asked (None for a goal in ms): a straddling interval is timed again.
         batch: Images per call.
         tolerance: Largest drift of the dense timings around a measurement (``latency_tolerance``).
+        round_to: Every pruned group keeps a multiple of this many channels (``latency_round_to``; 1: any count).
     """
 
     reduction: float | None = None
     batch: int = 1
     tolerance: float = TOLERANCE
+    round_to: int = 1
 
 
 def plan_for_latency(
@@ -89,11 +91,14 @@ def plan_for_latency(
     measured_method: MeasuredMethod | None = None,
     table: str = "model",
     tolerance: float = TOLERANCE,
+    round_to: int = 8,
 ) -> Plan:
     """The knapsack plan whose measured latency on ``runtime`` is at most the goal (``goal_ms``, or the dense
     latency times ``1 - reduction``), on a latency table of kind ``table`` (``model``: whole-model probes,
     ``layers``: single layers), and that meets every MACs or params budget in ``also`` (``{measure: reduction}``)
-    too. Each attempt plans with the knapsack, or with ``measured_method`` the measured search. The plan's
+    too, keeping a multiple of ``round_to`` channels in every pruned group (1: any analysed count; runtimes run
+    aligned channel counts faster, see :func:`~analysis.planning.plan.Planner.probe_counts`). Each attempt plans
+    with the knapsack, or with ``measured_method`` the measured search. The plan's
     :attr:`~analysis.planning.plan.Plan.latency` holds every attempt and the verdict (met, missed, or noisy).
 
     Raises:
@@ -101,10 +106,10 @@ def plan_for_latency(
         LatencyGoalNotReached: If no plan of the analysed ratios was found for the goal (a ``UserError`` carrying the
             attempts and the largest plan's measurement).
     """
-    goal = LatencyGoal(reduction, batch, tolerance)
+    goal = LatencyGoal(reduction, batch, tolerance, round_to)
     with eval_mode(model):
         planner, options = open_planner(model, example_input, record, "macs")
-        counts = planner.probe_counts(options, record.sensitivities)
+        counts = planner.probe_counts(options, record.sensitivities, round_to)
         if table == "model":
             latency_table, path, seconds = measure_table(planner, counts, runtime, batch, record.path, progress,
                                                          tolerance)  # fmt: skip
@@ -168,12 +173,13 @@ class _Loop:
     def run(self, options: list[GroupOptions], latency: LatencyModel, target: float) -> Plan:
         """Plan, measure and correct until the goal is met, the machine is too noisy, or the attempts run out."""
         planner, outcome = self.planner, self.outcome
+        goal = target  # the goal's reduction on the table's scale; a missed plan raises the target above it
         tried: set[tuple[tuple[str, int], ...]] = set()
         plan: Plan | None = None
         kept: tuple[int, Plan] | None = None  # a met plan that beat the goal by far, while a smaller one is tried
         measured_plan: Plan | None = None  # the plan of the newest attempt
         while len(outcome.attempts) < MAX_ATTEMPTS:
-            planner.use_latency(latency)
+            planner.use_latency(latency, self.goal.round_to)
             for other, value in self.also.items():
                 planner.require(other, value)
             options = planner.options(self.record.sensitivities)
@@ -226,8 +232,11 @@ class _Loop:
                     "fitting the latency model to it and trying a smaller plan.", 100 * beaten,
                 )  # fmt: skip
             on_table = latency.dense_ms * (1.0 - measured.reduction)  # the measured reduction on the table's scale
-            if verdict == "missed" and chosen in tried:  # rescaling did not change the plan: ask for the shortfall too
-                target = min(0.999, target + (on_table - outcome.goal_ms) / latency.dense_ms)
+            if verdict == "missed":
+                # the verdict rests on the interval's worse end: aim so that it meets the goal, not the median
+                target = min(0.999, max(target, goal + measured.reduction - measured.interval[0]))
+                if chosen in tried:  # rescaling did not change the plan: ask for the worse end's shortfall too
+                    target = min(0.999, target - outcome.overshoot(outcome.last))
             tried.add(chosen)
             latency = latency.fitted(picks, on_table)
         if kept is not None and not outcome.met:  # the newest attempt (chosen so far) missed: the met one stands
@@ -251,6 +260,11 @@ class _Loop:
                 if more.steady(goal.tolerance):
                     measured = measured.joined(more)
         return measured
+
+    def _rounded(self) -> str:
+        """How the plans' channel counts are rounded, for a sentence (empty when they are not)."""
+        multiple = self.goal.round_to
+        return f", keeping a multiple of {multiple} channels (latency_round_to)" if multiple > 1 else ""
 
     def _unreachable(self, options: list[GroupOptions], latency: LatencyModel) -> LatencyModel:
         """The knapsack found no plan for the goal: measure the largest plan the analysed ratios allow (once). When it
@@ -286,7 +300,7 @@ class _Loop:
         if not reaches:
             raise LatencyGoalNotReached(
                 f"The latency goal ({outcome.goal_text()} on {device}) is not reachable within the analysed ratios: "
-                f"the largest plan they allow (every group at its largest analysed ratio) measured "
+                f"the largest plan they allow (every group at its largest analysed ratio{self._rounded()}) measured "
                 f"{measured.reduction:.1%} faster ({low:.1%} to {high:.1%}; {measured.candidate_median:.3f} ms, dense "
                 f"{measured.dense_median:.3f} ms around it); lower the target, analyse larger ratios, or measure at a "
                 "larger SensitivityAnalysis.latency_batch.",

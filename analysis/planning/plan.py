@@ -64,9 +64,12 @@ ALIGNED_CHANNELS = 8
 """Latency probes also try keeping a multiple of this many channels: on ONNX Runtime's CPU provider the demo ResNet
 ran 15-25% slower at batch 1 with 2 of 16 or 3 of 32 channels removed, and as fast or faster with 8 of 16 or 16 of
 32 removed (interleaved measurements), so a table of the analysed counts alone misses the counts that pay."""
-ALIGNED_PROBES = 8
-"""At most about this many aligned counts per group over all its channels (wide layers step by a multiple of
-:data:`ALIGNED_CHANNELS`): each probe is a whole-model measurement."""
+ALIGNED_STEPS = 8
+"""With ``latency_round_to: 1``, at most about this many aligned counts per group over all its channels (wide layers
+step by a multiple of :data:`ALIGNED_CHANNELS`): each probe is a whole-model measurement."""
+ALIGNED_PROBES = 2
+"""With ``latency_round_to`` above 1, whole-model probes per group: its largest aligned count and evenly spaced ones
+below it (a plan takes the aligned counts between them too, interpolated)."""
 
 
 @dataclass
@@ -426,6 +429,14 @@ def plan_from_ratios(
                     method="ratios", notice=notice)  # fmt: skip
 
 
+def evenly_spaced(counts: Sequence[int], number: int) -> list[int]:
+    """Up to ``number`` of the sorted ``counts``: the largest and those nearest to even fractions of it."""
+    if not counts:
+        return []
+    top = counts[-1]
+    return sorted({min(counts, key=lambda count: abs(count - top * k / number)) for k in range(1, number + 1)})
+
+
 def param_count(param: PrunableUnit, ratio: float, round_to: int = 1) -> int:
     """Channels the analysis removed from ``param`` at ``ratio`` (whole conv-group steps, ``round_to`` kept)."""
     return removal_count(param.channels, ratio, len(param.conv_blocks), round_to)
@@ -475,6 +486,7 @@ class Planner:
         self.costs = CostModel(model, example_input)
         self.by_name = {p.name: p for p in self.params if p.prunable}
         self.round_to = int(settings.get("round_to", 1))
+        self.latency_round_to = 1  # set with the latency model (use_latency)
         self._scores: dict[str, torch.Tensor] = {}
         self._removed: dict[tuple[str, int], list[int]] = {}
         self._deltas: dict[tuple[str, int], ShapeDelta] = {}
@@ -525,8 +537,16 @@ class Planner:
         for count in allowed_counts(channels, len(members[0].conv_blocks), self.round_to):
             if count > largest:
                 break
-            if self.latency is not None and count and not self.latency.table.offers(members[0].name, count):
-                continue  # latency is not linear in the channel count: only measured counts are offered
+            offered = (
+                self.latency is None
+                or not count
+                or (
+                    (channels - count) % self.latency_round_to == 0
+                    and self.latency.table.offers(members[0].name, count, between=self.latency_round_to > 1)
+                )
+            )
+            if not offered:
+                continue  # latency jumps at unaligned counts: measured ones, or aligned ones between measured ones
             candidates = [
                 (interpolate(losses, count), interpolate(saved, count), name)
                 for name, (losses, saved) in curves.items()
@@ -664,29 +684,39 @@ class Planner:
         """The dense model's MACs, params or latency (whichever :attr:`measure` is)."""
         return self.dense_in(self.measure)
 
-    def use_latency(self, latency: LatencyModel) -> None:
-        """Plan on ``latency`` from now on (options made after this call predict latency savings)."""
-        self.measure, self.latency = "latency", latency
+    def use_latency(self, latency: LatencyModel, round_to: int = 1) -> None:
+        """Plan on ``latency`` from now on (options made after this call predict latency savings and, with
+        ``round_to`` above 1, keep a multiple of ``round_to`` channels in every pruned group)."""
+        self.measure, self.latency, self.latency_round_to = "latency", latency, round_to
         self.also.pop("latency", None)
 
     def probe_counts(
-        self, options: Sequence[GroupOptions], sensitivities: Mapping[str, Mapping[float, float]]
+        self, options: Sequence[GroupOptions], sensitivities: Mapping[str, Mapping[float, float]], round_to: int = 1
     ) -> dict[str, list[int]]:
-        """Per group (by key), where the latency table measures the whole model with that group pruned: the channel
-        counts the analysis measured for any member, and the counts up to the largest of them that keep a multiple
-        of :data:`ALIGNED_CHANNELS` channels (of a coarser multiple of it for wide layers, :data:`ALIGNED_PROBES`).
-        A latency plan offers only these counts."""
-        counts: dict[str, set[int]] = {}
+        """Per group (by key), where the latency table measures the whole model with that group pruned, up to the
+        largest count the analysis measured for any member.
+
+        With ``round_to`` above 1 (``latency_round_to``): :data:`ALIGNED_PROBES` counts that keep a multiple of
+        ``round_to`` channels, the largest such count and evenly spaced ones below it; a plan may take any aligned
+        count up to the largest, its saving interpolated (aligned counts run smoothly in the count). With 1: the
+        analysed counts and those keeping a multiple of :data:`ALIGNED_CHANNELS` (of a coarser multiple of it for
+        wide layers, at most about :data:`ALIGNED_STEPS` counts); a plan offers only these."""
+        counts: dict[str, list[int]] = {}
         for group in options:
-            found = counts.setdefault(group.key, set())
-            for name in group.members:
-                param = self.by_name[name]
-                found.update(c for r in sensitivities.get(name, {}) if (c := param_count(param, r, self.round_to)))
-            largest = max(found, default=0)
-            allowed = {c.count for c in group.choices}
-            step = ALIGNED_CHANNELS * max(1, math.ceil(group.channels / (ALIGNED_CHANNELS * ALIGNED_PROBES)))
-            found.update(c for c in allowed if 0 < c <= largest and (group.channels - c) % step == 0)
-        return {key: sorted(found) for key, found in counts.items()}
+            analysed = {c for name in group.members for r in sensitivities.get(name, {})
+                        if (c := param_count(self.by_name[name], r, self.round_to))}  # fmt: skip
+            largest = max(analysed, default=0)
+            if round_to > 1:
+                aligned = sorted(c.count for c in group.choices
+                                 if 0 < c.count <= largest and (group.channels - c.count) % round_to == 0)  # fmt: skip
+                counts[group.key] = evenly_spaced(aligned, ALIGNED_PROBES)
+                continue
+            step = ALIGNED_CHANNELS * max(1, math.ceil(group.channels / (ALIGNED_CHANNELS * ALIGNED_STEPS)))
+            stepped = {
+                c.count for c in group.choices if 0 < c.count <= largest and (group.channels - c.count) % step == 0
+            }
+            counts[group.key] = sorted(analysed | stepped)
+        return counts
 
     def probe_limits(self) -> dict[str, range]:
         """Per prunable unit, every channel count a latency probe of its group can remove, whatever the analysed ratios

@@ -220,7 +220,7 @@ def _budget_plan(
         plan = plan_for_latency(model, example, record, runtime, reduction=targets.get("latency"),
                                 goal_ms=targets.get("latency_ms"), batch=s.latency_batch, progress=progress, also=also,
                                 measured_method=method, table=s.latency_table,
-                                tolerance=s.latency_tolerance)  # fmt: skip
+                                tolerance=s.latency_tolerance, round_to=s.latency_round_to)  # fmt: skip
     outcome = plan.latency
     assert outcome is not None
     last = outcome.last
