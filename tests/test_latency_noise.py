@@ -129,6 +129,16 @@ def test_the_verdict_rests_on_the_worse_end_of_the_interval() -> None:
     assert outcome_of(slow_one, None, 8.0).verdict == "missed" and outcome_of(slow_one, None, 8.3).verdict == "met"
 
 
+def test_a_drift_between_the_dense_timings_widens_the_interval() -> None:
+    """Each candidate timing is judged at the worse end against the faster of the two dense timings around it, and at
+    the better end against the slower: a plan whose reduction against their mean meets the goal, but not against the
+    faster one, is missed (a drift within the tolerance no longer hides in the mean)."""
+    found = Bracketed((10.0, 10.4, 10.0, 10.4), (7.0, 7.0, 7.0))  # 31.4% faster than the mean of 10.2 ms
+    assert found.reduction == pytest.approx(1 - 7.0 / 10.2)
+    assert found.interval == pytest.approx((1 - 7.0 / 10.0, 1 - 7.0 / 10.4))
+    assert outcome_of(found, 0.31).verdict == "missed" and outcome_of(found, 0.30).verdict == "met"
+
+
 class Sequenced(Prepared):
     """A prepared model whose timings are given in order."""
 
