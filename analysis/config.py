@@ -396,8 +396,8 @@ class SensitivityConfig:
     latency_round_to: int = setting(
         8,
         doc="a latency plan keeps a multiple of this many channels in every group it prunes (its table probes only "
-        "those counts); 1 offers every analysed count. ONNX Runtime's CPU provider ran MobileNetV2 at batch 1 44% "
-        "slower than the dense model with every group pruned 15% to counts that are not multiples of 8, and 25% "
+        "those counts); 1 offers every analysed count. ONNX Runtime's CPU provider ran MobileNetV2 at batch 1 44.7% "
+        "slower than the dense model with every group pruned 15% to counts that are not multiples of 8, and 23.1% "
         "faster with them rounded to multiples of 8 (see [Latency](../latency.md))",
     )
     runtime_command: str | None = setting(

@@ -54,7 +54,7 @@ def test_a_latency_plan_meets_its_budget_as_measured(setting: Any, target: float
 
 
 def test_a_latency_plan_keeps_a_multiple_of_latency_round_to_channels_in_every_group(tmp_path: Path) -> None:
-    """Runtimes run aligned channel counts faster (ONNX Runtime's CPU provider ran MobileNetV2 44% slower than dense
+    """Runtimes run aligned channel counts faster (ONNX Runtime's CPU provider ran MobileNetV2 44.7% slower than dense
     with unaligned counts): by default a latency plan keeps a multiple of 8 channels in every group it prunes, and
     its table probes only such counts; ``round_to=1`` probes the analysed counts too."""
     model = randomize(TinyResNet(width=16)).eval()
