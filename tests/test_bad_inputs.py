@@ -1569,7 +1569,8 @@ def test_an_unreachable_latency_goal_in_ms_is_refused_in_ms(
     before = tree(tmp_path)
     result = cli("plan", "--config_path", "c.yaml", "--target_latency_ms", "1", "--no_report")
     assert_user_error(result, r"^error: The latency goal \(1\.000 ms on .*\) is not reachable within the analysed "
-                              r"ratios: the largest plan they allow \(every group at its largest analysed ratio\) "
+                              r"ratios: the largest plan they allow \(every group at its largest analysed ratio, "
+                              r"keeping a multiple of 8 channels as latency_round_to asks\) "
                               r"measured .* \d+\.\d{3} ms, dense \d+\.\d{3} ms around it\); lower the "
                               r"target")  # fmt: skip
     assert "reduction" not in result.err.splitlines()[-1]

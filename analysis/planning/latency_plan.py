@@ -264,7 +264,7 @@ class _Loop:
     def _rounded(self) -> str:
         """How the plans' channel counts are rounded, for a sentence (empty when they are not)."""
         multiple = self.goal.round_to
-        return f", keeping a multiple of {multiple} channels (latency_round_to)" if multiple > 1 else ""
+        return f", keeping a multiple of {multiple} channels as latency_round_to asks" if multiple > 1 else ""
 
     def _unreachable(self, options: list[GroupOptions], latency: LatencyModel) -> LatencyModel:
         """The knapsack found no plan for the goal: measure the largest plan the analysed ratios allow (once). When it
