@@ -313,8 +313,9 @@ class _Loop:
 
 
 def largest_plan(planner: Planner, options: list[GroupOptions]) -> Plan:
-    """The plan with every group at its largest analysed count: what the loop measures before it says a goal is not
-    reachable within the analysed ratios."""
+    """The plan with every group at the largest count ``options`` offer (the largest analysed count, rounded to
+    ``latency_round_to`` in a latency plan): what the loop measures before it says a goal is not reachable within
+    the analysed ratios."""
     return planner.plan(options, largest_choices(options), 0.0, 0.0, 0.0)
 
 

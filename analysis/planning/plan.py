@@ -437,6 +437,12 @@ def evenly_spaced(counts: Sequence[int], number: int) -> list[int]:
     return sorted({min(counts, key=lambda count: abs(count - top * k / number)) for k in range(1, number + 1)})
 
 
+def _keeping_multiple(group: GroupOptions, largest: int, multiple: int) -> list[int]:
+    """The counts of ``group``'s choices up to ``largest`` that keep a multiple of ``multiple`` channels, sorted."""
+    kept = (c.count for c in group.choices if 0 < c.count <= largest and (group.channels - c.count) % multiple == 0)
+    return sorted(kept)
+
+
 def param_count(param: PrunableUnit, ratio: float, round_to: int = 1) -> int:
     """Channels the analysis removed from ``param`` at ``ratio`` (whole conv-group steps, ``round_to`` kept)."""
     return removal_count(param.channels, ratio, len(param.conv_blocks), round_to)
@@ -707,15 +713,10 @@ class Planner:
                         if (c := param_count(self.by_name[name], r, self.round_to))}  # fmt: skip
             largest = max(analysed, default=0)
             if round_to > 1:
-                aligned = sorted(c.count for c in group.choices
-                                 if 0 < c.count <= largest and (group.channels - c.count) % round_to == 0)  # fmt: skip
-                counts[group.key] = evenly_spaced(aligned, ALIGNED_PROBES)
+                counts[group.key] = evenly_spaced(_keeping_multiple(group, largest, round_to), ALIGNED_PROBES)
                 continue
             step = ALIGNED_CHANNELS * max(1, math.ceil(group.channels / (ALIGNED_CHANNELS * ALIGNED_STEPS)))
-            stepped = {
-                c.count for c in group.choices if 0 < c.count <= largest and (group.channels - c.count) % step == 0
-            }
-            counts[group.key] = sorted(analysed | stepped)
+            counts[group.key] = sorted(analysed.union(_keeping_multiple(group, largest, step)))
         return counts
 
     def probe_limits(self) -> dict[str, range]:
