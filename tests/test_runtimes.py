@@ -80,6 +80,19 @@ def test_timing_stops_once_steady_and_goes_on_while_noisy(
     assert median == pytest.approx(median_ms)
 
 
+@pytest.mark.parametrize(("seconds", "warmups", "blocks"), [(0.35, 2, 3), (0.01, 3, 12)])
+def test_long_calls_are_timed_by_time_not_by_count(
+    monkeypatch: pytest.MonkeyPatch, seconds: float, warmups: int, blocks: int
+) -> None:
+    """A batch-32 call of a third of a second: two warm-up calls and three timed ones, not three and five or more (a
+    large batch's latency table cost more than its analysis); short calls keep the counts."""
+    clock = FakeClock([seconds, seconds * 1.2, seconds * 0.9])  # never steady: only the time rule stops it early
+    monkeypatch.setattr(timing.time, "perf_counter", clock.perf_counter)
+    median, _, repeats = time_calls(clock.call, TimingPlan(warmup=3, repeats=12, min_repeats=5, block_seconds=0.0))
+    assert (clock.calls - repeats, repeats) == (warmups, blocks)
+    assert median == pytest.approx(seconds * 1000, rel=0.25)
+
+
 def test_the_torch_runtime_times_the_model_at_the_batch_size() -> None:
     seen: list[tuple[int, ...]] = []
     net = model()

@@ -87,20 +87,25 @@ class LatencyTable:
         spread = self.spread(group, count)
         return spread is not None and abs(self.probe_saving(group, count)) <= spread
 
-    def below_noise(self, group: str) -> bool:
-        """Whether ``group``'s largest probe saved no more than its noise: its smaller counts are then not probed
-        (their savings, smaller still, could not be read one at a time) but estimated, linear in the count."""
+    def unreadable(self, group: str, count: int) -> bool:
+        """Whether ``count`` channels of ``group``, fewer than its largest probe, would save no more than that probe's
+        noise if the saving is linear in the count: such a count is not probed (its saving could not be read one at a
+        time) but estimated, linear in the count, and a plan may take it (:meth:`offers`)."""
         found = self.probes.get(group)
-        return found is not None and len(found) > 0 and self.within_noise(group, max(found))
+        if not found or count >= max(found):
+            return False
+        largest = max(found)
+        spread = self.spread(group, largest)
+        return spread is not None and abs(self.probe_saving(group, largest)) * count / largest <= spread
 
     def offers(self, group: str, count: int, between: bool = False) -> bool:
-        """Whether a plan may remove ``count`` channels of ``group`` on this table: a probed count, or any count up to
-        the largest probe (its saving interpolated) of a group whose savings are below the noise (:meth:`below_noise`),
-        or of any probed group when ``between`` (counts kept aligned, where latency runs smoothly in the count)."""
+        """Whether a plan may remove ``count`` channels of ``group`` on this table: a probed count, a smaller one whose
+        saving is below the noise (:meth:`unreadable`, interpolated), or, when ``between``, any count up to the largest
+        probe (counts kept aligned, where latency runs smoothly in the count)."""
         found = self.probes.get(group)
         if not found:
             return False
-        return count in found or ((between or self.below_noise(group)) and 0 < count <= max(found))
+        return count in found or ((between or self.unreadable(group, count)) and 0 < count <= max(found))
 
     def layer_saving(self, dense: str, pruned: str) -> float:
         """What pruning the layer of shape ``dense`` to shape ``pruned`` saves, relative to ``dense`` measured just
