@@ -184,10 +184,10 @@ def test_a_goal_the_table_underrates_is_planned_after_measuring_the_largest_plan
 
 def test_a_count_whose_saving_would_be_within_the_noise_is_not_probed(setting: Any) -> None:
     """Dense timings alternate between 1x and 1.3x the steady latency and probes run at 1.15x, so every probe's saving
-    is known to about 30% of the dense latency. Each group is probed at its largest count first: a group saving less than that there
-    (``layer2.downsample``, 20%) is not probed at its smaller counts, nor is a smaller count of any group whose saving,
-    scaled from the largest probe's, is within that noise; those are estimated linear in the count and still offered
-    to a plan; the others are probed. A rebuild from the file probes nothing."""
+    is known to about 30% of the dense latency. Each group is probed at its largest count first: a group saving less
+    than that there (``layer2.downsample``, 20%) is not probed at its smaller counts, nor is a smaller count of any
+    group whose saving, scaled from the largest probe's, is within that noise; those are estimated linear in the count
+    and still offered to a plan; the others are probed. A rebuild from the file probes nothing."""
     model, example, path = setting
     steady, counts = table_of(setting, MacsRuntime(example), "steady.pkl")
     assert all(sorted(steady.probes[group]) == found for group, found in counts.items())  # quiet: all probed

@@ -138,8 +138,8 @@ def measure_table(
         logger.info(
             "Latency table: %d probe(s) measured in %.1f s; %d saved no more than their noise, %d on a machine that "
             "drifted beyond %.0f%% in %d tries; %d smaller count(s) whose saving, scaled from their group's largest "
-            "probe, is within that probe's noise were estimated (linear in the count) instead of probed.", len(todo) - skipped,
-            time.perf_counter() - start, noisy, drifted, 100 * tolerance, TRIES, skipped,
+            "probe, is within that probe's noise were estimated (linear in the count) instead of probed.",
+            len(todo) - skipped, time.perf_counter() - start, noisy, drifted, 100 * tolerance, TRIES, skipped,
         )  # fmt: skip
     return table, path, time.perf_counter() - start
 

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-
 MIN_BLOCKS = 3
 """Timed blocks at least, however long they take (a median of fewer is one call's luck)."""
 
