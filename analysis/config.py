@@ -53,7 +53,7 @@ NUMERICS_MODES = ("exact", "tf32", "bf16")
 """Arithmetic of the forward passes: float32 with TF32 off and deterministic algorithms, or an opt-in speed mode."""
 ENGINES = ("fast", "reference")
 LATENCY_RUNTIMES = ("auto", "torch", "onnxruntime", "command")
-LATENCY_TABLES = ("model", "layers")
+LATENCY_TABLES = ("auto", "model", "layers")
 GRAPH_OPTIMIZATIONS = ("disable", "basic", "extended", "all")
 ONNX_EXPORTERS = ("torchscript", "dynamo")
 METRIC_MODES = ("relative", "absolute")
@@ -387,10 +387,11 @@ class SensitivityConfig:
         "on a GPU), `command` (`runtime_command`); `auto` is `onnxruntime` with the onnx extra, else `torch`",
     )
     latency_table: str = setting(
-        "model",
+        "auto",
         doc="how the latency table is measured: `model` (the whole model once per group and channel count), "
         "`layers` (each conv/linear layer shape a probe changes, timed alone once; faster, blind to the other "
-        "layers)",
+        "layers); `auto` is `layers` at a latency_batch of 32 or more on a CPU, where one call is long and the "
+        "layers' times add up (docs/latency.md), else `model`",
     )
     latency_batch: int = setting(1, doc="images per call when latency is measured")
     latency_round_to: int = setting(

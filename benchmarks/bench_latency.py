@@ -63,9 +63,7 @@ from analysis.config import Config, load_config  # noqa: E402
 from analysis.errors import UserError  # noqa: E402
 from analysis.inputs.build import Inputs, build_inputs  # noqa: E402
 from analysis.io.record import AnalysisRecord, load_record  # noqa: E402
-from analysis.planning.allocate import GroupOptions  # noqa: E402
 from analysis.planning.latency import LatencyGoalNotReached, LatencyOutcome  # noqa: E402
-from analysis.planning.latency_plan import largest_plan as planned_largest  # noqa: E402
 from analysis.planning.latency_plan import plan_for_latency  # noqa: E402
 from analysis.planning.plan import Plan, build_plan, open_planner  # noqa: E402
 from analysis.runtimes.compare import bracket  # noqa: E402
@@ -236,16 +234,28 @@ def busy(count: int) -> Iterator[None]:
             process.wait()
 
 
-def largest_plan(inputs: Inputs, record: AnalysisRecord, round_to: int) -> Plan:
-    """The plan with every analysed group at its largest probed count (keeping a multiple of ``round_to`` channels):
-    the planner's own, as it measures it before saying a goal is not reachable."""
+@dataclass(frozen=True)
+class Candidate:
+    """A pruned model to check independently, with its exact MACs reduction."""
+
+    model: torch.nn.Module
+    macs_reduction: float
+
+
+def planned(inputs: Inputs, plan: Plan) -> Candidate:
+    """``plan``'s pruned model."""
+    return Candidate(pruned_model(inputs, plan), macs_reduction(plan))
+
+
+def largest_plan(inputs: Inputs, record: AnalysisRecord, picks: dict[str, int]) -> Candidate:
+    """The largest plan the planner measured before saying the goal is not reachable, rebuilt from its picks
+    (``LatencyOutcome.largest_picks``: channels removed per group)."""
     with eval_mode(inputs.model):
-        planner, options = open_planner(inputs.model, inputs.example_input, record, "macs")
-        probed = planner.probe_counts(options, record.sensitivities, round_to)
-        offered = [GroupOptions(group.members, group.channels,
-                                [c for c in group.choices if not c.count or c.count in probed[group.key]])
-                   for group in options]  # fmt: skip
-        return planned_largest(planner, offered)
+        planner, _ = open_planner(inputs.model, inputs.example_input, record, "macs")
+        removals = [(planner.by_name[group].module_name, planner.removed(group, count))
+                    for group, count in picks.items() if count]  # fmt: skip
+        macs = planner.picks_cost(picks.items()).macs / planner.costs.dense.macs
+        return Candidate(jointly_pruned_copy(inputs.model, removals, inputs.example_input).eval(), 1.0 - macs)
 
 
 def macs_reduction(plan: Plan) -> float:
@@ -303,13 +313,15 @@ def macs_plan_of_equal_latency(
     return plans[high]
 
 
-def independent_check(inputs: Inputs, plan: Plan, runtime: str, batch: int, args: argparse.Namespace) -> Check:
-    """``plan`` against the dense model in a fresh process (ONNX files, or for torch the saved modules)."""
-    check = Check(macs_reduction(plan))
+def independent_check(
+    inputs: Inputs, candidate: Candidate, runtime: str, batch: int, args: argparse.Namespace
+) -> Check:
+    """``candidate`` against the dense model in a fresh process (ONNX files, or for torch the saved modules)."""
+    check = Check(candidate.macs_reduction)
     shape = tuple(inputs.example_input.shape[1:])
     with tempfile.TemporaryDirectory(prefix="bench-latency-") as folder:
         paths = []
-        for name, model in (("dense", inputs.model), ("pruned", pruned_model(inputs, plan))):
+        for name, model in (("dense", inputs.model), ("pruned", candidate.model)):
             if runtime == "torch":
                 path = Path(folder) / f"{name}.pt"
                 torch.save(model, path)
@@ -333,7 +345,7 @@ def bench_row(row: Row, inputs: Inputs, record: AnalysisRecord, args: argparse.N
     settings = RuntimeSettings(threads=args.threads, exporter=args.exporter)
     runtime = make_runtime(row.runtime, torch.device("cpu"), settings=settings)
     shape = tuple(inputs.example_input.shape[1:])
-    plans: dict[str, Plan] = {}
+    plans: dict[str, Candidate] = {}
     with busy(row.busy):
         start = time.perf_counter()
         outcome: LatencyOutcome | None = None
@@ -359,20 +371,20 @@ def bench_row(row: Row, inputs: Inputs, record: AnalysisRecord, args: argparse.N
             row.verdict = plan.latency.verdict
             row.predicted_reduction = plan.latency.predicted_reduction
             row.measured = plan.latency.last.measured.as_dict()
-            plans["latency"] = plan
+            plans["latency"] = planned(inputs, plan)
             if not args.no_macs:
                 with runtime.prepare(pruned_model(inputs, plan), shape) as reference:
                     try:
                         macs_plan = macs_plan_of_equal_latency(inputs, record, runtime, row.batch, reference,
                                                                macs_reduction(plan), args.macs_tolerance,
                                                                row.macs_search)  # fmt: skip
-                        plans["macs"], row.macs_target = macs_plan, macs_plan.target
+                        plans["macs"], row.macs_target = planned(inputs, macs_plan), macs_plan.target
                     except UserError as error:
                         row.message = f"MACs plan: {error}"
         elif NOT_REACHABLE in row.message and outcome is not None and outcome.largest is not None:
             row.verdict = "not reachable"
             row.measured = outcome.largest.as_dict()
-            plans["largest"] = largest_plan(inputs, record, args.round_to)
+            plans["largest"] = largest_plan(inputs, record, outcome.largest_picks)
         elif outcome is not None and outcome.largest is not None and not outcome.largest.steady(args.tolerance):
             row.verdict, row.measured = "noisy", outcome.largest.as_dict()  # too noisy to judge the largest plan
         else:

@@ -135,6 +135,12 @@ def test_an_absolute_goal_is_met_and_an_impossible_one_refused(setting: Any) -> 
     largest = e.value.outcome.largest  # the measured cause travels with the error, for a caller to show or record
     assert largest is not None and largest.candidate_median > 0.501 and f"{largest.reduction:.1%}" in str(e.value)
     assert e.value.outcome.goal_ms == 0.501 and isinstance(e.value, UserError)
+    picks = e.value.outcome.largest_picks  # which plan was measured, so a caller can rebuild and check it
+    with eval_mode(model):
+        planner, _ = open_planner(model, example, load_record(path))
+        removals = [(planner.by_name[g].module_name, planner.removed(g, count)) for g, count in picks.items()]
+    assert len(picks) >= 2 and all(picks.values())
+    assert runtime.latency_of(jointly_pruned_copy(model, removals, example)) == pytest.approx(largest.candidate_median)
 
 
 def test_the_latency_model_predicts_single_groups_exactly_and_is_rescaled_to_a_measurement() -> None:

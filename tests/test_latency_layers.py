@@ -230,6 +230,21 @@ def test_a_latency_plan_on_a_layer_table_meets_its_budget_as_measured(setting: A
     assert "table" in json.loads(Path(plan.latency.table_file).read_text())["key"]
 
 
+@pytest.mark.parametrize(("on_cpu", "batch", "kind"), [(True, 32, "layers"), (True, 8, "model"), (False, 32, "model")])
+def test_the_auto_table_is_the_layer_table_at_a_large_batch_on_a_cpu(
+    setting: Any, on_cpu: bool, batch: int, kind: str
+) -> None:
+    """``latency_table: auto`` (the default): long calls on a CPU, where the layers' times add up, get the cheap layer
+    table; batch 1-style calls and other devices the whole-model probes. The sidecar says which was measured."""
+    model, example, path = setting
+    runtime = MacsRuntime(example, 0.05)
+    runtime.on_cpu = on_cpu
+    plan = plan_for_latency(model, example, load_record(path), runtime, reduction=0.3, batch=batch, round_to=1)
+    assert plan.latency is not None and plan.latency.table == kind and plan.latency.as_dict()["table"] == kind
+    layered = "table" in json.loads(Path(plan.latency.table_file).read_text())["key"]
+    assert layered == (kind == "layers")
+
+
 def test_the_plan_command_builds_the_table_its_flag_names(
     tmp_path: Path, list_data: Path, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -57,8 +57,8 @@ def build_plan_parser() -> CommandParser:
     parser.add_argument("--runtime_command", help="with --runtime command: a command given {onnx} (and {batch}, "
                         "{shape}) that prints the latency in ms")  # fmt: skip
     parser.add_argument("--latency_table", choices=LATENCY_TABLES, help="how the latency table is measured: "
-                        "model (the whole model once per probe, default) or layers (each changed conv/linear "
-                        "shape alone)")  # fmt: skip
+                        "model (the whole model once per probe), layers (each changed conv/linear shape alone), "
+                        "or auto (default: layers at --latency_batch 32 or more on a CPU, else model)")  # fmt: skip
     parser.add_argument("--latency_batch", type=int, help="images per call when measuring latency (default 1)")
     parser.add_argument("--latency_round_to", type=int, help="a latency plan keeps a multiple of this many channels "
                         "per pruned group (default 8; 1: any analysed count)")  # fmt: skip

@@ -79,6 +79,7 @@ class LatencyRuntime(Protocol):
 
     name: str
     device: str
+    on_cpu: bool
 
     def prepare(self, model: nn.Module, sample_shape: Sequence[int]) -> Prepared:
         """``model`` ready to be timed on inputs of ``sample_shape``."""
@@ -157,7 +158,9 @@ class LatencyOutcome:
         table_seconds: Time spent measuring the table in this run.
         tolerance: Largest drift of the dense timings around a verdict (``latency_tolerance``).
         settings: The runtime's settings (threads, provider, exporter...), as the table's key holds them.
+        table: The kind of latency table planned on (``model`` or ``layers``; ``auto`` resolved).
         largest: The largest plan the analysed ratios allow, measured when no plan reached the goal.
+        largest_picks: That plan's channels removed per group (``{group key: count}``), to rebuild and check it.
     """
 
     runtime: str
@@ -171,7 +174,9 @@ class LatencyOutcome:
     goal_reduction: float | None = None
     tolerance: float = TOLERANCE
     settings: dict[str, object] = field(default_factory=dict)
+    table: str = "model"
     largest: Bracketed | None = None
+    largest_picks: dict[str, int] = field(default_factory=dict)
     chosen: int = -1
 
     @property

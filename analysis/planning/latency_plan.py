@@ -89,16 +89,17 @@ def plan_for_latency(
     progress: bool | None = None,
     also: Mapping[str, float] | None = None,
     measured_method: MeasuredMethod | None = None,
-    table: str = "model",
+    table: str = "auto",
     tolerance: float = TOLERANCE,
     round_to: int = 8,
 ) -> Plan:
     """The knapsack plan whose measured latency on ``runtime`` is at most the goal (``goal_ms``, or the dense
     latency times ``1 - reduction``), on a latency table of kind ``table`` (``model``: whole-model probes,
-    ``layers``: single layers), and that meets every MACs or params budget in ``also`` (``{measure: reduction}``)
-    too, keeping a multiple of ``round_to`` channels in every pruned group (1: any analysed count; runtimes run
-    aligned channel counts faster, see :func:`~analysis.planning.plan.Planner.probe_counts`). Each attempt plans
-    with the knapsack, or with ``measured_method`` the measured search. The plan's
+    ``layers``: single layers, ``auto``: :func:`table_kind`), and that meets every MACs or params budget in ``also``
+    (``{measure: reduction}``) too, keeping a multiple of ``round_to`` channels in every pruned group (1: any
+    analysed count; runtimes run aligned channel counts faster, see
+    :func:`~analysis.planning.plan.Planner.probe_counts`). Each attempt plans with the knapsack, or with
+    ``measured_method`` the measured search. The plan's
     :attr:`~analysis.planning.plan.Plan.latency` holds every attempt and the verdict (met, missed, or noisy).
 
     Raises:
@@ -110,12 +111,13 @@ def plan_for_latency(
     with eval_mode(model):
         planner, options = open_planner(model, example_input, record, "macs")
         counts = planner.probe_counts(options, record.sensitivities, round_to)
-        if table == "model":
+        kind = table_kind(table, runtime, batch)
+        if kind == "model":
             latency_table, path, seconds = measure_table(planner, counts, runtime, batch, record.path, progress,
                                                          tolerance)  # fmt: skip
         else:
             latency_table, path, seconds = measure_layer_table(planner, counts, runtime, batch, record.path, progress)
-        joint = JointLayerSavings(planner, latency_table, runtime, batch, path) if table == "layers" else None
+        joint = JointLayerSavings(planner, latency_table, runtime, batch, path) if kind == "layers" else None
         latency = LatencyModel(latency_table, joint=joint)
         goal_on_table = goal_ms if goal_ms is not None else latency.dense_ms * (1.0 - float(reduction or 0.0))
         if not 0.0 < goal_on_table < latency.dense_ms:
@@ -129,7 +131,7 @@ def plan_for_latency(
         planner.latency_goal_ms = goal_ms  # its messages then speak of the goal in ms
         outcome = LatencyOutcome(runtime.name, runtime.device, batch, latency.dense_ms, goal_on_table,
                                  table_file=str(path), table_seconds=round(seconds, 3), goal_reduction=reduction,
-                                 tolerance=tolerance, settings=runtime.settings())  # fmt: skip
+                                 tolerance=tolerance, settings=runtime.settings(), table=kind)  # fmt: skip
         sample_shape = tuple(example_input.shape[1:])
         with runtime.prepare(model, sample_shape) as dense:
             loop = _Loop(planner, record, runtime, dense, goal, outcome, measured_method, also or {})
@@ -290,7 +292,7 @@ class _Loop:
                 outcome,
             ) from None
         measured = self._measure(largest)
-        outcome.largest = measured
+        outcome.largest, outcome.largest_picks = measured, _picks(largest)
         low, high = measured.interval
         if not measured.steady(self.goal.tolerance):
             noisy = outcome.noisy_sentence(measured, "the largest plan the analysed ratios allow")
@@ -310,6 +312,22 @@ class _Loop:
                     "%.1f%% faster: the table underrates the savings; planning again on that measurement.",
                     100 * measured.reduction)  # fmt: skip
         return latency.fitted(_picks(largest), latency.dense_ms * (1.0 - measured.reduction))
+
+
+LAYERS_FROM_BATCH = 32
+"""``latency_table: auto`` measures single layers from this batch on (on a CPU), whole-model probes below it."""
+
+
+def table_kind(table: str, runtime: LatencyRuntime, batch: int) -> str:
+    """The kind of latency table ``table`` asks for: ``auto`` is ``layers`` at a batch of :data:`LAYERS_FROM_BATCH` or
+    more on a CPU, else ``model``. At onnxruntime batch 32 on a 2-core CPU (ResNet-18, MobileNetV2, EfficientNet-B0,
+    2026-11-28, docs/benchmarks.md) the layer table cost 0.08-0.18x the analysis and its kept plans were predicted
+    within 5.5%, where whole-model probes cost 0.54-0.75x (a call takes 0.3-1.5 s there); at batch 1 the layer
+    table's first MobileNetV2 plans measured 8.3% and 9.6% for a predicted 22.4% and 30.3%, while the probes cost
+    0.1-0.3x. Other devices and torch at batch 32 were not measured."""
+    if table != "auto":
+        return table
+    return "layers" if batch >= LAYERS_FROM_BATCH and runtime.on_cpu else "model"
 
 
 def largest_plan(planner: Planner, options: list[GroupOptions]) -> Plan:

@@ -72,11 +72,13 @@ class Runtime:
         version: The runtime library's version (empty for a command, whose template is in :attr:`device`).
         runtime_settings: How it runs the model.
         plan: How each latency is measured (warm-up, repeats, time budget).
+        on_cpu: Whether it runs the model on a CPU (False where unknown: a user's command).
     """
 
     name: str
     device: str
     version: str = ""
+    on_cpu: bool = False
     runtime_settings: RuntimeSettings = RuntimeSettings()
     plan: TimingPlan = TimingPlan()
 
@@ -124,6 +126,7 @@ class TorchRuntime(Runtime):
         self.torch_device, self.plan = device, plan or TimingPlan()
         self.runtime_settings = settings or RuntimeSettings()
         self.device, self.version = str(device), torch.__version__
+        self.on_cpu = device.type == "cpu"
 
     def prepare(self, model: nn.Module, sample_shape: Sequence[int]) -> Prepared:
         return _TorchPrepared(self, model.to(self.torch_device).eval(), tuple(sample_shape))
@@ -215,6 +218,7 @@ class OnnxRuntime(Runtime):
         self.providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
         short = provider.removesuffix("ExecutionProvider").lower()
         self.device, self.version = f"onnxruntime {short}", str(ort.__version__)
+        self.on_cpu = provider == "CPUExecutionProvider"
         self.plan = plan or TimingPlan()
 
     def session_options(self) -> Any:
