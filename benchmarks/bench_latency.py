@@ -391,8 +391,8 @@ def bench_row(row: Row, inputs: Inputs, record: AnalysisRecord, args: argparse.N
             row.verdict = "error"
     print(f"  {row.verdict} after {row.plan_seconds:.1f} s of planning" + (f": {row.message}" if row.message else ""),
           flush=True)  # fmt: skip
-    for name, chosen in plans.items():  # quiet: the busy processes have ended
-        row.checks[name] = independent_check(inputs, chosen, row.runtime, row.batch, args)
+    for name, candidate in plans.items():  # quiet: the busy processes have ended
+        row.checks[name] = independent_check(inputs, candidate, row.runtime, row.batch, args)
         check = row.checks[name]
         said = check.error or f"median {check.median:.1%}, interval {check.independent['interval']}"  # type: ignore
         print(f"  independent check of the {name} plan: {said}", flush=True)
