@@ -31,6 +31,7 @@ LAYERS = (
     ("engine",),
     ("runtimes",),
     ("planning",),
+    ("recovery",),
     ("scale",),
     ("reporting",),
     ("workflow",),

@@ -1,0 +1,290 @@
+"""ACT's ``TrainConfig.optimizer_builder`` and ``TrainConfig.learning_rate``, mapped to PyTorch optimizers and
+learning-rate schedules.
+
+ACT (PaddleSlim's auto compression) builds ``paddle.optimizer.<type>(learning_rate=..., weight_decay=...,
+grad_clip=..., **rest)`` from ``optimizer_builder`` and ``paddle.optimizer.lr.<type>(**rest)`` from a
+``learning_rate`` mapping, and steps the schedule after every batch: every Paddle argument counted in "epochs"
+(``T_max``, ``boundaries``, ``step_size``, ``milestones``, ``decay_steps``...) counts iterations, here too. Each type
+maps to the PyTorch class computing the same learning rate (a ``LambdaLR`` with Paddle's formula where PyTorch has
+none); a type with no counterpart a config file can express is refused naming the key and the supported types.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.optim import lr_scheduler
+
+from analysis.errors import ConfigError, did_you_mean
+
+Arguments = dict[str, Any]
+"""A type's arguments as the config gives them (numbers, flags, lists of numbers, a few strings)."""
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """``TrainConfig.optimizer_builder``: the optimizer's Paddle type and arguments, the weight decay beside it.
+
+    Attributes:
+        type: The Paddle optimizer (:data:`OPTIMIZERS`).
+        arguments: Its other arguments, Paddle's names.
+        weight_decay: ``optimizer_builder.weight_decay`` (L2, decoupled for AdamW, as in Paddle); None when absent
+            (no decay, and AdamW's own default 0.01).
+    """
+
+    type: str
+    arguments: Arguments = field(default_factory=dict)
+    weight_decay: float | None = None
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """``TrainConfig.learning_rate``: a constant, or a Paddle schedule's type and arguments.
+
+    Attributes:
+        type: The Paddle schedule (:data:`SCHEDULES`), or ``constant``.
+        arguments: Its arguments, Paddle's names (``learning_rate`` for a constant).
+    """
+
+    type: str
+    arguments: Arguments = field(default_factory=dict)
+
+    @property
+    def initial_lr(self) -> float:
+        """The learning rate the optimizer is built with (the schedule's base)."""
+        args = self.arguments
+        if self.type == "PiecewiseDecay":
+            return float(args["values"][0])
+        if self.type == "OneCycleLR":
+            return float(args["max_learning_rate"]) / float(args.get("divide_factor", 25.0))
+        if self.type == "CyclicLR":
+            return float(args["base_learning_rate"])
+        if self.type == "NoamDecay":
+            return float(args.get("learning_rate", 1.0))
+        return float(args["learning_rate"])
+
+
+def parse_optimizer(builder: Mapping[str, Any] | None, key: str = "TrainConfig.optimizer_builder") -> OptimizerSpec:
+    """The optimizer ``optimizer_builder`` names (ACT's default when absent: SGD).
+
+    Raises:
+        ConfigError: For an unknown type or argument, a non-numeric value, or a key ACT does not read.
+    """
+    builder = dict(builder or {})
+    unknown = set(builder) - {"optimizer", "weight_decay", "grad_clip", "regularizer"}
+    if unknown:
+        name = sorted(unknown)[0]
+        raise ConfigError(f"{key}.{name} is not an optimizer_builder key{did_you_mean(name, BUILDER_KEYS)}; "
+                          f"it takes {', '.join(BUILDER_KEYS)}.")  # fmt: skip
+    for unsupported in ("grad_clip", "regularizer"):
+        if builder.get(unsupported) is not None:
+            raise ConfigError(f"{key}.{unsupported} is not supported yet; remove it (weight_decay is).")
+    optimizer = dict(builder.get("optimizer") or {"type": "SGD"})
+    kind = str(optimizer.pop("type", "SGD"))
+    if kind not in OPTIMIZERS:
+        raise ConfigError(f"{key}.optimizer.type '{kind}' has no PyTorch counterpart here"
+                          f"{did_you_mean(kind, OPTIMIZERS)}; supported: {', '.join(OPTIMIZERS)}.")  # fmt: skip
+    _check_arguments(f"{key}.optimizer", kind, optimizer, OPTIMIZER_ARGUMENTS[kind])
+    decay = builder.get("weight_decay")
+    return OptimizerSpec(kind, optimizer, None if decay is None else _number(f"{key}.weight_decay", decay))
+
+
+def parse_schedule(learning_rate: Any, key: str = "TrainConfig.learning_rate") -> ScheduleSpec:
+    """The schedule ``learning_rate`` gives: a number (constant), or a mapping with a Paddle ``type``.
+
+    Raises:
+        ConfigError: For an unknown or unsupported type, a missing or unknown argument, or a non-numeric value.
+    """
+    if not isinstance(learning_rate, Mapping):
+        return ScheduleSpec("constant", {"learning_rate": _number(key, learning_rate)})
+    arguments = dict(learning_rate)
+    kind = str(arguments.pop("type", ""))
+    arguments = {name: value for name, value in arguments.items() if name not in ("last_epoch", "verbose")}
+    if kind in REFUSED_SCHEDULES:
+        raise ConfigError(f"{key}.type '{kind}' cannot be given in a config file ({REFUSED_SCHEDULES[kind]}); "
+                          f"supported: {', '.join(SCHEDULES)}.")  # fmt: skip
+    if kind not in SCHEDULES:
+        raise ConfigError(f"{key}.type '{kind}' is not a Paddle learning-rate schedule with a PyTorch counterpart here"
+                          f"{did_you_mean(kind, SCHEDULES)}; supported: {', '.join(SCHEDULES)}.")  # fmt: skip
+    required, optional = SCHEDULE_ARGUMENTS[kind]
+    missing = [name for name in required if name not in arguments]
+    if missing:
+        raise ConfigError(f"{key}.{missing[0]} is missing: the {kind} schedule needs {', '.join(required)}.")
+    _check_arguments(key, kind, arguments, (*required, *optional))
+    return ScheduleSpec(kind, arguments)
+
+
+def build_optimizer(parameters: Iterable[torch.nn.Parameter], spec: OptimizerSpec, lr: float) -> torch.optim.Optimizer:
+    """The PyTorch optimizer computing what Paddle's ``spec.type`` does, at learning rate ``lr``."""
+    args = {name: _value(value) for name, value in spec.arguments.items()}
+    params = list(parameters)
+    decay = spec.weight_decay or 0.0
+    if spec.type in ("SGD", "Momentum"):
+        momentum = float(args.get("momentum", 0.9)) if spec.type == "Momentum" else 0.0  # Paddle's Momentum: 0.9
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=bool(args.get("use_nesterov", False)),
+                               weight_decay=decay)  # fmt: skip
+    betas = (float(args.get("beta1", 0.9)), float(args.get("beta2", 0.999)))
+    if spec.type == "Adam":
+        return torch.optim.Adam(params, lr=lr, betas=betas, eps=float(args.get("epsilon", 1e-8)), weight_decay=decay)
+    if spec.type == "AdamW":
+        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=float(args.get("epsilon", 1e-8)),
+                                 weight_decay=0.01 if spec.weight_decay is None else decay)  # fmt: skip
+    if spec.type == "Adamax":
+        return torch.optim.Adamax(params, lr=lr, betas=betas, eps=float(args.get("epsilon", 1e-8)), weight_decay=decay)
+    if spec.type == "RMSProp":
+        return torch.optim.RMSprop(params, lr=lr, alpha=float(args.get("rho", 0.95)),
+                                   eps=float(args.get("epsilon", 1e-6)), momentum=float(args.get("momentum", 0.0)),
+                                   centered=bool(args.get("centered", False)), weight_decay=decay)  # fmt: skip
+    assert spec.type == "Adagrad", spec.type
+    return torch.optim.Adagrad(params, lr=lr, eps=float(args.get("epsilon", 1e-6)), weight_decay=decay,
+                               initial_accumulator_value=float(args.get("initial_accumulator_value", 0.0)))  # fmt: skip
+
+
+def build_schedule(optimizer: torch.optim.Optimizer, spec: ScheduleSpec) -> lr_scheduler.LRScheduler:
+    """The PyTorch schedule of ``optimizer`` (built at :attr:`ScheduleSpec.initial_lr`) computing Paddle's learning
+    rate at every iteration; step it after every optimizer step, as ACT steps Paddle's."""
+    args = {name: _value(value) for name, value in spec.arguments.items()}
+    return _BUILDERS[spec.type](optimizer, args, spec.initial_lr)
+
+
+def _piecewise(optimizer: torch.optim.Optimizer, args: Arguments, base: float) -> lr_scheduler.LRScheduler:
+    boundaries, values = list(args["boundaries"]), [float(v) for v in args["values"]]
+    return lr_scheduler.LambdaLR(optimizer, lambda t: values[bisect.bisect_right(boundaries, t)] / base)
+
+
+def _warmup(optimizer: torch.optim.Optimizer, args: Arguments, base: float) -> lr_scheduler.LRScheduler:
+    steps, start, end = int(args["warmup_steps"]), float(args["start_lr"]), float(args["end_lr"])
+    return lr_scheduler.LambdaLR(optimizer, lambda t: (start + (end - start) * t / steps) / base if t < steps else 1.0)
+
+
+def _polynomial(optimizer: torch.optim.Optimizer, args: Arguments, base: float) -> lr_scheduler.LRScheduler:
+    steps, end = int(args["decay_steps"]), float(args.get("end_lr", 1e-4))
+    power, cycle = float(args.get("power", 1.0)), bool(args.get("cycle", False))
+
+    def factor(t: int) -> float:
+        span = steps * max(1, math.ceil(t / steps)) if cycle else steps
+        done = t if cycle else min(t, steps)
+        return float((base - end) * (1 - done / span) ** power + end) / base
+
+    return lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _noam(optimizer: torch.optim.Optimizer, args: Arguments, base: float) -> lr_scheduler.LRScheduler:
+    model, warmup = float(args["d_model"]), float(args["warmup_steps"])
+    return lr_scheduler.LambdaLR(optimizer, lambda t: float(model**-0.5 * min(t**-0.5 if t else 1.0, t * warmup**-1.5)))
+
+
+def _one_cycle(optimizer: torch.optim.Optimizer, args: Arguments, base: float) -> lr_scheduler.LRScheduler:
+    peak, divide = float(args["max_learning_rate"]), float(args.get("divide_factor", 25.0))
+    return lr_scheduler.OneCycleLR(
+        optimizer, max_lr=peak, total_steps=int(args["total_steps"]), pct_start=float(args.get("phase_pct", 0.3)),
+        anneal_strategy="linear" if args.get("anneal_strategy") == "linear" else "cos", div_factor=divide,
+        cycle_momentum=False,
+        final_div_factor=(peak / divide) / float(args.get("end_learning_rate", 1e-4)),
+        three_phase=bool(args.get("three_phase", False)),
+    )  # fmt: skip
+
+
+_BUILDERS: dict[str, Callable[[torch.optim.Optimizer, Arguments, float], lr_scheduler.LRScheduler]] = {
+    "constant": lambda o, a, b: lr_scheduler.LambdaLR(o, lambda t: 1.0),
+    "CosineAnnealingDecay": lambda o, a, b: lr_scheduler.CosineAnnealingLR(o, int(a["T_max"]),
+                                                                           float(a.get("eta_min", 0.0))),
+    "PiecewiseDecay": _piecewise,
+    "LinearWarmup": _warmup,
+    "ExponentialDecay": lambda o, a, b: lr_scheduler.ExponentialLR(o, float(a["gamma"])),
+    "NaturalExpDecay": lambda o, a, b: lr_scheduler.ExponentialLR(o, math.exp(-float(a["gamma"]))),
+    "InverseTimeDecay": lambda o, a, b: lr_scheduler.LambdaLR(o, lambda t: 1.0 / (1.0 + float(a["gamma"]) * t)),
+    "PolynomialDecay": _polynomial,
+    "StepDecay": lambda o, a, b: lr_scheduler.StepLR(o, int(a["step_size"]), float(a.get("gamma", 0.1))),
+    "MultiStepDecay": lambda o, a, b: lr_scheduler.MultiStepLR(o, [int(m) for m in a["milestones"]],
+                                                               float(a.get("gamma", 0.1))),
+    "LinearLR": lambda o, a, b: lr_scheduler.LinearLR(o, float(a.get("start_factor", 1 / 3)),
+                                                      float(a.get("end_factor", 1.0)), int(a["total_steps"])),
+    "CosineAnnealingWarmRestarts": lambda o, a, b: lr_scheduler.CosineAnnealingWarmRestarts(
+        o, int(a["T_0"]), int(a.get("T_mult", 1)), float(a.get("eta_min", 0.0))),
+    "OneCycleLR": _one_cycle,
+    "NoamDecay": _noam,
+}  # fmt: skip
+
+SCHEDULE_ARGUMENTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "CosineAnnealingDecay": (("learning_rate", "T_max"), ("eta_min",)),
+    "PiecewiseDecay": (("boundaries", "values"), ()),
+    "LinearWarmup": (("learning_rate", "warmup_steps", "start_lr", "end_lr"), ()),
+    "ExponentialDecay": (("learning_rate", "gamma"), ()),
+    "NaturalExpDecay": (("learning_rate", "gamma"), ()),
+    "InverseTimeDecay": (("learning_rate", "gamma"), ()),
+    "PolynomialDecay": (("learning_rate", "decay_steps"), ("end_lr", "power", "cycle")),
+    "StepDecay": (("learning_rate", "step_size"), ("gamma",)),
+    "MultiStepDecay": (("learning_rate", "milestones"), ("gamma",)),
+    "LinearLR": (("learning_rate", "total_steps"), ("start_factor", "end_factor")),
+    "CosineAnnealingWarmRestarts": (("learning_rate", "T_0"), ("T_mult", "eta_min")),
+    "OneCycleLR": (("max_learning_rate", "total_steps"),
+                   ("divide_factor", "end_learning_rate", "phase_pct", "anneal_strategy", "three_phase")),
+    "NoamDecay": (("d_model", "warmup_steps"), ("learning_rate",)),
+}  # fmt: skip
+"""Per Paddle schedule (``paddle.optimizer.lr``): its required and optional arguments."""
+SCHEDULES = tuple(SCHEDULE_ARGUMENTS)
+REFUSED_SCHEDULES = {
+    "ReduceOnPlateau": "it needs a metric at every step, which ACT does not give it either",
+    "LambdaDecay": "it needs a Python function",
+    "MultiplicativeDecay": "it needs a Python function",
+}
+OPTIMIZER_ARGUMENTS: dict[str, tuple[str, ...]] = {
+    "SGD": (),
+    "Momentum": ("momentum", "use_nesterov"),
+    "Adam": ("beta1", "beta2", "epsilon"),
+    "AdamW": ("beta1", "beta2", "epsilon"),
+    "Adamax": ("beta1", "beta2", "epsilon"),
+    "RMSProp": ("rho", "epsilon", "momentum", "centered"),
+    "Adagrad": ("epsilon", "initial_accumulator_value"),
+}
+"""Per Paddle optimizer (``paddle.optimizer``): the arguments it maps (``multi_precision`` and the like are Paddle's
+own and accepted without effect: :data:`IGNORED_ARGUMENTS`)."""
+OPTIMIZERS = tuple(OPTIMIZER_ARGUMENTS)
+IGNORED_ARGUMENTS = ("multi_precision", "use_multi_tensor", "lazy_mode", "name")
+BUILDER_KEYS = ("optimizer", "weight_decay", "grad_clip", "regularizer")
+
+
+def _check_arguments(key: str, kind: str, given: Mapping[str, Any], known: Iterable[str]) -> None:
+    """Refuse an argument ``kind`` does not take, or a value that is not a number, flag, string or list of numbers."""
+    allowed = (*known, *IGNORED_ARGUMENTS)
+    for name, value in given.items():
+        if name not in allowed:
+            raise ConfigError(f"{key}.{name} is not an argument of {kind}{did_you_mean(name, allowed)}; it takes "
+                              f"{', '.join(known) or 'none'}.")  # fmt: skip
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                _number(f"{key}.{name}", item)
+        elif name in ("anneal_strategy", "name"):
+            if not isinstance(value, str):
+                raise ConfigError(f"{key}.{name} must be a word, not {value!r}.")
+        elif not isinstance(value, bool):
+            _number(f"{key}.{name}", value)
+
+
+def _number(key: str, value: Any) -> float:
+    """``value`` as a float (``1e-4`` reaches us as a string from YAML 1.1), else a ConfigError naming ``key``."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key} must be a number, not {value!r}.")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key} must be a number, not {value!r}.") from None
+    if not math.isfinite(number):
+        raise ConfigError(f"{key} must be a finite number, not {value!r}.")
+    return number
+
+
+def _value(value: Any) -> Any:
+    """A config value as a number where it reads as one (YAML gives ``1e-4`` as a string)."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
