@@ -62,8 +62,6 @@ class ScheduleSpec:
             return float(args["values"][0])
         if self.type == "OneCycleLR":
             return float(args["max_learning_rate"]) / float(args.get("divide_factor", 25.0))
-        if self.type == "CyclicLR":
-            return float(args["base_learning_rate"])
         if self.type == "NoamDecay":
             return float(args.get("learning_rate", 1.0))
         return float(args["learning_rate"])
@@ -76,7 +74,7 @@ def parse_optimizer(builder: Mapping[str, Any] | None, key: str = "TrainConfig.o
         ConfigError: For an unknown type or argument, a non-numeric value, or a key ACT does not read.
     """
     builder = dict(builder or {})
-    unknown = set(builder) - {"optimizer", "weight_decay", "grad_clip", "regularizer"}
+    unknown = set(builder) - set(BUILDER_KEYS)
     if unknown:
         name = sorted(unknown)[0]
         raise ConfigError(f"{key}.{name} is not an optimizer_builder key{did_you_mean(name, BUILDER_KEYS)}; "
