@@ -252,8 +252,7 @@ def largest_plan(inputs: Inputs, record: AnalysisRecord, picks: dict[str, int]) 
     (``LatencyOutcome.largest_picks``: channels removed per group)."""
     with eval_mode(inputs.model):
         planner, _ = open_planner(inputs.model, inputs.example_input, record, "macs")
-        removals = [(planner.by_name[group].module_name, planner.removed(group, count))
-                    for group, count in picks.items() if count]  # fmt: skip
+        removals = planner.removals(picks.items())
         macs = planner.picks_cost(picks.items()).macs / planner.costs.dense.macs
         return Candidate(jointly_pruned_copy(inputs.model, removals, inputs.example_input).eval(), 1.0 - macs)
 

@@ -110,7 +110,7 @@ def uniform_removals(planner: Planner, options: Sequence[GroupOptions], target: 
             high = middle
         else:
             low = middle
-    return [(planner.by_name[name].module_name, planner.removed(name, count)) for name, count in picks(high) if count]
+    return planner.removals(picks(high))
 
 
 def saved(planner: Planner, picks: Sequence[tuple[str, int]]) -> float:

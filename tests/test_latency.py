@@ -138,7 +138,7 @@ def test_an_absolute_goal_is_met_and_an_impossible_one_refused(setting: Any) -> 
     picks = e.value.outcome.largest_picks  # which plan was measured, so a caller can rebuild and check it
     with eval_mode(model):
         planner, _ = open_planner(model, example, load_record(path))
-        removals = [(planner.by_name[g].module_name, planner.removed(g, count)) for g, count in picks.items()]
+        removals = planner.removals(picks.items())
     assert len(picks) >= 2 and all(picks.values())
     assert runtime.latency_of(jointly_pruned_copy(model, removals, example)) == pytest.approx(largest.candidate_median)
 

@@ -168,7 +168,7 @@ def test_a_whole_plans_layer_saving_counts_convs_between_two_pruned_groups_once(
         planner, counts = planned(model, example, path)
         table, file, _ = measure_layer_table(planner, counts, runtime, 1, path, progress=False)
         picks = {group: max(found) for group, found in counts.items()}
-        removals = [(planner.by_name[g].module_name, planner.removed(g, c)) for g, c in picks.items()]
+        removals = planner.removals(picks.items())
         exact = runtime.latency_of(model) - runtime.latency_of(jointly_pruned_copy(model, removals, example))
         joint = JointLayerSavings(planner, table, runtime, 1, file)
         before = runtime.calls

@@ -101,8 +101,7 @@ def test_summed_shape_changes_give_the_exact_joint_cost(factory, tmp_path: Path)
             for group in options:
                 choice = generator.choice(group.choices)
                 picks.append((choice.param, choice.count))
-            removals = [(planner.by_name[param].module_name, planner.removed(param, count)) for param, count in picks
-                        if count]  # fmt: skip
+            removals = planner.removals(picks)
             groups = [removal_group(planner.graph, model.get_submodule(name), channels) for name, channels in removals]
             union = planner.costs.group_cost(planner.graph, [item for group in groups for item in group])
             assert planner.picks_cost(picks) == union  # summed deltas == costing the union of the groups

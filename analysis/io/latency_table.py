@@ -91,10 +91,9 @@ class LatencyTable:
         """Whether ``count`` channels of ``group``, fewer than its largest probe, would save no more than that probe's
         noise if the saving is linear in the count: such a count is not probed (its saving could not be read one at a
         time) but estimated, linear in the count, and a plan may take it (:meth:`offers`)."""
-        found = self.probes.get(group)
-        if not found or count >= max(found):
+        largest = max(self.probes.get(group) or [0])
+        if count >= largest:
             return False
-        largest = max(found)
         spread = self.spread(group, largest)
         return spread is not None and abs(self.probe_saving(group, largest)) * count / largest <= spread
 

@@ -106,11 +106,7 @@ class JointEvaluator:
 
     def removals(self, selection: PlanSelection) -> list[tuple[str, list[int]]]:
         """``(conv module name, channels)`` of every pruned group of ``selection``, for physical pruning."""
-        return [
-            (self.planner.by_name[param].module_name, self.planner.removed(param, count))
-            for param, count in selection.values()
-            if count
-        ]
+        return self.planner.removals(selection.values())
 
     def cost(self, selection: PlanSelection) -> Cost:
         """The exact cost of the model with every group of ``selection`` pruned at once."""

@@ -497,6 +497,11 @@ class Planner:
         self._removed: dict[tuple[str, int], list[int]] = {}
         self._deltas: dict[tuple[str, int], ShapeDelta] = {}
 
+    def removals(self, picks: Iterable[tuple[str, int]]) -> list[tuple[str, list[int]]]:
+        """``(conv module name, channels)`` of every ``(ranking param, count)`` pick that removes channels, for
+        physical pruning (:func:`~analysis.structure.physical.jointly_pruned_copy`)."""
+        return [(self.by_name[name].module_name, self.removed(name, count)) for name, count in picks if count]
+
     def removed(self, name: str, count: int) -> list[int]:
         """The channels ``name``'s ranking removes at ``count`` (the analysis engine's choice)."""
         key = (name, count)

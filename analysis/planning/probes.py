@@ -11,8 +11,10 @@ timings drift beyond the tolerance, or whose saving is within its noise, is meas
 Each group is probed at its largest count first. Most groups of a real model save too little to read one at a time:
 a smaller count whose saving, scaled linearly from the largest probe's, is within that probe's noise is not probed
 (it could not be read) but estimated, linear in the count, and a plan may take it
-(:meth:`~analysis.io.latency_table.LatencyTable.unreadable`). At batch 32 on MobileNetV2 most groups save 1-5% of the
-latency with a noise of 1-5% per probe, so this skips most half-count probes."""
+(:meth:`~analysis.io.latency_table.LatencyTable.unreadable`). On MobileNetV2 at onnxruntime batch 32 (2-core CPU,
+2026-11-28) most groups saved 1-5% of the latency with a noise of 1-5% a probe: that table would have skipped 7 of its
+20 half-count probes by this rule (the rule before skipped only groups whose largest probe was itself within the
+noise)."""
 
 from __future__ import annotations
 

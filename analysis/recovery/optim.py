@@ -32,7 +32,7 @@ class OptimizerSpec:
 
     Attributes:
         type: The Paddle optimizer (:data:`OPTIMIZERS`).
-        arguments: Its other arguments, Paddle's names.
+        arguments: Its other arguments, Paddle's names (numbers read from strings).
         weight_decay: ``optimizer_builder.weight_decay`` (L2, decoupled for AdamW, as in Paddle); None when absent
             (no decay, and AdamW's own default 0.01).
     """
@@ -48,7 +48,7 @@ class ScheduleSpec:
 
     Attributes:
         type: The Paddle schedule (:data:`SCHEDULES`), or ``constant``.
-        arguments: Its arguments, Paddle's names (``learning_rate`` for a constant).
+        arguments: Its arguments, Paddle's names (``learning_rate`` for a constant; numbers read from strings).
     """
 
     type: str
@@ -89,7 +89,7 @@ def parse_optimizer(builder: Mapping[str, Any] | None, key: str = "TrainConfig.o
                           f"{did_you_mean(kind, OPTIMIZERS)}; supported: {', '.join(OPTIMIZERS)}.")  # fmt: skip
     _check_arguments(f"{key}.optimizer", kind, optimizer, OPTIMIZER_ARGUMENTS[kind])
     decay = builder.get("weight_decay")
-    return OptimizerSpec(kind, optimizer, None if decay is None else _number(f"{key}.weight_decay", decay))
+    return OptimizerSpec(kind, _numbers(optimizer), None if decay is None else _number(f"{key}.weight_decay", decay))
 
 
 def parse_schedule(learning_rate: Any, key: str = "TrainConfig.learning_rate") -> ScheduleSpec:
@@ -114,12 +114,12 @@ def parse_schedule(learning_rate: Any, key: str = "TrainConfig.learning_rate") -
     if missing:
         raise ConfigError(f"{key}.{missing[0]} is missing: the {kind} schedule needs {', '.join(required)}.")
     _check_arguments(key, kind, arguments, (*required, *optional))
-    return ScheduleSpec(kind, arguments)
+    return ScheduleSpec(kind, _numbers(arguments))
 
 
 def build_optimizer(parameters: Iterable[torch.nn.Parameter], spec: OptimizerSpec, lr: float) -> torch.optim.Optimizer:
     """The PyTorch optimizer computing what Paddle's ``spec.type`` does, at learning rate ``lr``."""
-    args = {name: _value(value) for name, value in spec.arguments.items()}
+    args = spec.arguments
     params = list(parameters)
     decay = spec.weight_decay or 0.0
     if spec.type in ("SGD", "Momentum"):
@@ -146,8 +146,7 @@ def build_optimizer(parameters: Iterable[torch.nn.Parameter], spec: OptimizerSpe
 def build_schedule(optimizer: torch.optim.Optimizer, spec: ScheduleSpec) -> lr_scheduler.LRScheduler:
     """The PyTorch schedule of ``optimizer`` (built at :attr:`ScheduleSpec.initial_lr`) computing Paddle's learning
     rate at every iteration; step it after every optimizer step, as ACT steps Paddle's."""
-    args = {name: _value(value) for name, value in spec.arguments.items()}
-    return _BUILDERS[spec.type](optimizer, args, spec.initial_lr)
+    return _BUILDERS[spec.type](optimizer, spec.arguments, spec.initial_lr)
 
 
 def _piecewise(optimizer: torch.optim.Optimizer, args: Arguments, base: float) -> lr_scheduler.LRScheduler:
@@ -278,8 +277,13 @@ def _number(key: str, value: Any) -> float:
     return number
 
 
+def _numbers(arguments: Arguments) -> Arguments:
+    """Checked arguments with every string that reads as a number made one (YAML 1.1 gives ``1e-4`` as a string)."""
+    return {name: _value(value) for name, value in arguments.items()}
+
+
 def _value(value: Any) -> Any:
-    """A config value as a number where it reads as one (YAML gives ``1e-4`` as a string)."""
+    """A config value as a number where it reads as one."""
     if isinstance(value, str):
         try:
             return float(value)
