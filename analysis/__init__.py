@@ -50,6 +50,7 @@ _EXPORTS = {
     "merge_sensitive": "analysis.io.results",
     "not_safe_to_prune": "analysis.compat.topology",
     "plan_from_ratios": "analysis.planning.plan",
+    "run_compress": "analysis.workflow.compress",
     "run_plan_step": "analysis.workflow.plan",
     "save_sensitivities": "analysis.io.results",
     "verify_plan": "analysis.planning.verify",
@@ -77,6 +78,7 @@ if TYPE_CHECKING:
     from analysis.reporting.report import write_report
     from analysis.structure.flops import CostModel, count_cost
     from analysis.structure.groups import PrunableUnit, find_prunable
+    from analysis.workflow.compress import run_compress
     from analysis.workflow.plan import run_plan_step
 
 
@@ -129,6 +131,7 @@ __all__ = [
     "merge_sensitive",
     "not_safe_to_prune",
     "plan_from_ratios",
+    "run_compress",
     "run_plan_step",
     "save_sensitivities",
     "verify_plan",

@@ -8,6 +8,7 @@ The result is frozen: a step that needs other values gets a new config from :fun
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -62,8 +63,9 @@ UNIT_KINDS = ("conv", "linear", "heads")
 """Kinds of prunable unit: conv filters (Conv1d/2d/3d), Linear neurons, attention heads."""
 PLAN_METHODS = ("knapsack", "measured")
 
-# Blocks of PaddleSlim ACT compression configs. They configure training-time compression, which this tool does
-# not run, so they are accepted and reported as ignored (ChannelPrune lends two defaults, see _channel_prune_defaults).
+# Blocks of PaddleSlim ACT compression configs. They configure training-time compression, which the analysis does
+# not run, so it accepts them and reports them as ignored (ChannelPrune lends two defaults, see _split_blocks);
+# run.py compress reads TrainConfig, Distillation and ChannelPrune (COMPRESS_BLOCKS).
 ACT_BLOCKS = (
     "Distillation",
     "MultiTeacherDistillation",
@@ -482,6 +484,57 @@ class SensitivityConfig:
     )
 
 
+PRECISIONS = ("auto", "fp32", "bf16")
+"""``Recovery.precision``: auto is bf16 autocast on a GPU and float32 on a CPU."""
+
+
+@dataclass(frozen=True)
+class RecoveryConfig:
+    """The ``Recovery`` block: what ``run.py compress`` needs to fine-tune the pruned model that ACT's ``TrainConfig``
+    and ``Distillation`` do not say (where the training images are, their augmentation, precision, outputs)."""
+
+    train_list: str | None = setting(
+        None,
+        doc="the training images: a PaddleSlim list file (`path label` lines, relative to `Global.data_dir`) or a "
+        "folder of class folders",
+        shown_default="train_list.txt beside the val list, else train/ under Global.data_dir",
+    )
+    output_dir: str | None = setting(
+        None,
+        doc="where checkpoints (`last.pt`, `best.pt`), `train.log` and the recovered model's export go",
+        shown_default="compress/ beside the analysis file",
+    )
+    batch_size: int | None = setting(
+        None,
+        doc="training images per step over all processes (torchrun splits it evenly, so a run gives the same "
+        "result on any number of processes)",
+        shown_default="Global.batch_size",
+    )
+    num_workers: int | None = setting(None, doc="training loader processes", shown_default="Global.num_workers")
+    crop_scale: list[float] = setting(
+        factory=lambda: [0.08, 1.0],
+        doc="random resized crop: the range of the crop's share of the image area (torchvision's default)",
+    )
+    crop_ratio: list[float] = setting(
+        factory=lambda: [0.75, 4 / 3], doc="random resized crop: the range of the crop's aspect ratio"
+    )
+    hflip: float = setting(0.5, doc="probability of a horizontal flip (0 for images that flipping changes, digits)")
+    precision: str = setting(
+        "auto", doc="training arithmetic: `auto` (bf16 autocast on a GPU, float32 on a CPU), `fp32` or `bf16`"
+    )
+    label_loss_weight: float = setting(
+        0.0,
+        doc="weight of the cross-entropy on the labels added to the distillation loss (ACT trains on the "
+        "distillation loss alone: 0)",
+    )
+    seed: int | None = setting(
+        None, doc="seed of the data order, augmentation and dropout", shown_default="Global.seed"
+    )
+    resume: bool = setting(
+        True, doc="continue from `output_dir`'s last checkpoint when it belongs to the same plan and recipe"
+    )
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole resolved configuration, plus what was read but not used.
@@ -492,8 +545,12 @@ class Config:
 
     Global: GlobalConfig = field(default_factory=GlobalConfig)
     SensitivityAnalysis: SensitivityConfig = field(default_factory=SensitivityConfig)
+    Recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     source: str | None = None
     ignored_blocks: list[str] = field(default_factory=list)
+    # ACT's TrainConfig, Distillation and ChannelPrune blocks as the file gives them: run.py compress reads them
+    # (analysis.recovery.act), the analysis does not
+    act_blocks: dict[str, Any] = field(default_factory=dict)
     # "Section.key" of every key the YAML, an override or a flag set: those win over a model's own preprocessing
     explicit_keys: list[str] = field(default_factory=list, compare=False)  # bookkeeping, not configuration
     # "Section.key" of the keys an override or a flag set: the user's own choices, not the file's
@@ -502,7 +559,13 @@ class Config:
     ratios_from: str | None = field(default=None, compare=False)
 
 
-SECTIONS: dict[str, type] = {"Global": GlobalConfig, "SensitivityAnalysis": SensitivityConfig}
+SECTIONS: dict[str, type] = {
+    "Global": GlobalConfig,
+    "SensitivityAnalysis": SensitivityConfig,
+    "Recovery": RecoveryConfig,
+}
+COMPRESS_BLOCKS = ("TrainConfig", "Distillation", "ChannelPrune")
+"""ACT blocks kept as given for ``run.py compress`` (:attr:`Config.act_blocks`)."""
 
 
 def load_config(
@@ -552,6 +615,7 @@ def config_from_data(
     path = Path(path)
     sections, ignored = _split_blocks(raw, path)
     dotted = _parse_overrides(overrides)
+    act_blocks = _act_blocks(raw, {name: dotted.pop(name) for name in COMPRESS_BLOCKS if name in dotted})
     nested_flags = _flags_to_nested(flags or {})
     command_line = {f"{section}.{key}" for layer in (dotted, nested_flags) for section, block in layer.items()
                     for key in block}  # fmt: skip
@@ -562,6 +626,7 @@ def config_from_data(
         _merged(layers),
         source=str(path),
         ignored_blocks=ignored,
+        act_blocks=act_blocks,
         explicit_keys=sorted(explicit),
         command_line_keys=sorted(command_line),
         ratios_from=ratios_from,
@@ -574,6 +639,17 @@ def config_from_data(
         default = str(Path("outputs") / path.stem / "sensitivity.pkl")
         config = _with_sections(config, SensitivityAnalysis={"analysis_file": default})
     return validate(config)
+
+
+def _act_blocks(raw: Mapping[str, Any], overrides: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """The file's ``TrainConfig``, ``Distillation`` and ``ChannelPrune`` blocks with the command line's overrides of
+    their keys (``TrainConfig.epochs=3``) applied."""
+    blocks = {name: copy.deepcopy(raw[name]) for name in COMPRESS_BLOCKS if name in raw}
+    for name, layer in overrides.items():
+        block = blocks.get(name)
+        blocks[name] = block = block if isinstance(block, dict) else {}
+        _deep_update(block, layer)
+    return blocks
 
 
 def derive(config: Config, changes: Mapping[str, Any], *, command_line: bool = True) -> Config:
@@ -610,6 +686,7 @@ def derive(config: Config, changes: Mapping[str, Any], *, command_line: bool = T
         _merged((current, nested)),
         source=config.source,
         ignored_blocks=list(config.ignored_blocks),
+        act_blocks=copy.deepcopy(config.act_blocks),
         explicit_keys=sorted(set(config.explicit_keys) | given),
         command_line_keys=sorted(set(config.command_line_keys) | given),
         ratios_from=config.ratios_from,
@@ -729,7 +806,29 @@ def validate(config: Config) -> Config:
         )
     validate_budget(s, ratios_given=config.ratios_from is not None)
     validate_label_free(g, s)
+    validate_recovery(config.Recovery)
     return dataclasses.replace(config, SensitivityAnalysis=s)
+
+
+def validate_recovery(r: RecoveryConfig) -> None:
+    """Check the ``Recovery`` block's values (ACT's training blocks are read by ``run.py compress`` alone)."""
+    for key in ("batch_size", "num_workers"):
+        value = getattr(r, key)
+        low = 1 if key == "batch_size" else 0
+        if value is not None and value < low:
+            raise ConfigError(f"Recovery.{key} must be {low} or more (or unset for Global.{key}), got {value}.")
+    scale, ratio = r.crop_scale, r.crop_ratio
+    if len(scale) != 2 or not 0 < scale[0] <= scale[1] <= 1:
+        raise ConfigError(f"Recovery.crop_scale must be [low, high] with 0 < low <= high <= 1, got {list(scale)}.")
+    if len(ratio) != 2 or not 0 < ratio[0] <= ratio[1] < math.inf:
+        raise ConfigError(f"Recovery.crop_ratio must be [low, high] with 0 < low <= high, got {list(ratio)}.")
+    if not 0 <= r.hflip <= 1:
+        raise ConfigError(f"Recovery.hflip must be a probability from 0 to 1, got {r.hflip}.")
+    check_choice("Recovery.precision", r.precision, PRECISIONS)
+    if not 0 <= r.label_loss_weight < math.inf:
+        raise ConfigError(f"Recovery.label_loss_weight must be 0 or more, got {r.label_loss_weight}.")
+    if r.seed is not None and not SEED_RANGE[0] <= r.seed <= SEED_RANGE[1]:
+        raise ConfigError(f"Recovery.seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, got {r.seed}.")
 
 
 def check_arch_text(g: GlobalConfig) -> None:
@@ -1314,10 +1413,11 @@ def _parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         shown = printable(item)
         if not sep or len(parts) < 2 or not all(parts):
             raise ConfigError(f"Override '{shown}' must look like Section.key=value, e.g. Global.batch_size=64.")
-        if parts[0] not in SECTIONS:
+        if parts[0] not in SECTIONS and parts[0] not in COMPRESS_BLOCKS:
+            known = (*SECTIONS, *COMPRESS_BLOCKS)
             raise ConfigError(
-                f"Override '{shown}' names unknown section '{printable(parts[0])}'{did_you_mean(parts[0], SECTIONS)}; "
-                f"use one of {', '.join(SECTIONS)}."
+                f"Override '{shown}' names unknown section '{printable(parts[0])}'{did_you_mean(parts[0], known)}; "
+                f"use one of {', '.join(known)}."
             )
         if _has_tag(value):
             raise ConfigError(
@@ -1332,6 +1432,9 @@ def _parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         except UNHOLDABLE as error:
             raise ConfigError(f"Override '{shown}' could not be parsed ({unholdable(error)}); fix its value.") from None
         assert isinstance(layer, dict)
+        if parts[0] in COMPRESS_BLOCKS:  # ACT's blocks: run.py compress checks their keys when it reads them
+            _deep_update(nested.setdefault(parts[0], {}), layer[parts[0]])
+            continue
         section = _check_section(parts[0], layer[parts[0]])
         _deep_update(nested.setdefault(parts[0], {}), section)
     return nested

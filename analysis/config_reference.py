@@ -15,7 +15,7 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from analysis import config
+from analysis import act_keys, config
 
 TITLE = "Configuration reference"
 
@@ -66,7 +66,29 @@ def config_reference_markdown(sections: Mapping[str, type] | None = None) -> str
         for item in dataclasses.fields(cls):
             cells = (f"`{item.name}`", _type_text(hints[item.name]), _default_text(item), _meaning(name, item))
             lines.append("| " + " | ".join(_cell(text) for text in cells) + " |")
+    lines += _act_tables()
     return "\n".join(lines) + "\n"
+
+
+def _act_tables() -> list[str]:
+    """The keys of ACT's ``TrainConfig`` and ``Distillation`` that ``run.py compress`` reads, from
+    :mod:`analysis.act_keys`."""
+    ignored = _join([f"`{key}`" for key in act_keys.IGNORED_TRAIN_KEYS])
+    legacy = _join([f"`{old}`" for old in (*act_keys.LEGACY_TRAIN_KEYS, *act_keys.LEGACY_DISTILL_KEYS)])
+    notes = {
+        "TrainConfig": f"ACT's training block, read by `run.py compress` only. {ignored} steer Paddle alone and are "
+        "accepted and ignored (named in the log); any other key is an error, as in ACT.",
+        "Distillation": "ACT's distillation block, read by `run.py compress` only; the teacher is the dense model. "
+        f"PaddleSlim 2.3's names ({legacy}) are read too.",
+    }
+    lines = []
+    for name, keys in (("TrainConfig", act_keys.TRAIN_CONFIG_KEYS), ("Distillation", act_keys.DISTILLATION_KEYS)):
+        lines += ["", f"## `{name}`", "", notes[name], "", "| key | type | default | meaning |"]
+        lines.append("| --- | --- | --- | --- |")
+        for key, item in keys.items():
+            cells = (f"`{key}`", item.type, item.default, item.meaning)
+            lines.append("| " + " | ".join(_cell(text) for text in cells) + " |")
+    return lines
 
 
 def _sections(sections: Mapping[str, type] | None) -> Mapping[str, type]:
@@ -84,13 +106,14 @@ def _intro() -> list[str]:
     return [
         "<!-- Generated from analysis/config.py by analysis.config_reference: edit the descriptions there. -->",
         "",
-        "A config is an ACT-style YAML file with a `Global` block and an optional `SensitivityAnalysis` block. "
-        "Existing ACT compression configs load unchanged: the blocks "
-        f"{_join([f'`{block}`' for block in config.ACT_BLOCKS])} are accepted and listed as ignored (this tool does "
-        f"not train), except that {lent} become defaults of `SensitivityAnalysis` (a key the `SensitivityAnalysis` "
-        "block sets itself wins). Any other top-level block is a warning. An unknown or mistyped key inside `Global` "
-        "or `SensitivityAnalysis` is an error that names the full key and suggests the closest valid one. See "
-        "`configs/act/` for an ACT config that runs as is.",
+        "A config is an ACT-style YAML file with a `Global` block and optional `SensitivityAnalysis` and `Recovery` "
+        "blocks. Existing ACT compression configs load unchanged: the analysis accepts the blocks "
+        f"{_join([f'`{block}`' for block in config.ACT_BLOCKS])} and lists them as ignored, except that {lent} "
+        "become defaults of `SensitivityAnalysis` (a key the `SensitivityAnalysis` block sets itself wins); "
+        f"`run.py compress` reads {_join([f'`{block}`' for block in config.COMPRESS_BLOCKS])} (their keys are at the "
+        "end of this page). Any other top-level block is a warning. An unknown or mistyped key inside `Global`, "
+        "`SensitivityAnalysis` or `Recovery` is an error that names the full key and suggests the closest valid one. "
+        "See `configs/act/` for an ACT config that runs as is.",
         "",
         *([f"`Global` also accepts {_join(extra)}.", ""] if extra else []),
         "`null` leaves a key unset; a default written in words is worked out when the run starts.",

@@ -118,9 +118,10 @@ def saved(planner: Planner, picks: Sequence[tuple[str, int]]) -> float:
     return 1 - planner.picks_cost(picks).macs / planner.costs.dense.macs
 
 
-def torch_pruning_global(planner: Planner, target: float) -> Removals:
+def torch_pruning_global(planner: Planner, target: float, global_pruning: bool = True) -> Removals:
     """Torch-Pruning's global magnitude pruning (group L1, its channel choice) at the pruning ratio that reaches
-    ``target``: the channels each of its groups removes, found on a copy with ``step(interactive=True)``."""
+    ``target``: the channels each of its groups removes, found on a copy with ``step(interactive=True)``; with
+    ``global_pruning`` False its local variant (the same ratio in every group)."""
     model, example = planner.model, planner.example_input[:1]
     classifier = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
 
@@ -130,7 +131,8 @@ def torch_pruning_global(planner: Planner, target: float) -> Removals:
         ignored = [clone.get_submodule(name) for name in classifier]
         with all_parameters_require_grad(clone):
             pruner = tp.pruner.MetaPruner(clone, example, importance=tp.importance.GroupMagnitudeImportance(p=1),
-                                          global_pruning=True, pruning_ratio=ratio, ignored_layers=ignored)  # fmt: skip
+                                          global_pruning=global_pruning, pruning_ratio=ratio,
+                                          ignored_layers=ignored)  # fmt: skip
             chosen = [(names[group[0].dep.target.module], sorted(int(i) for i in group[0].idxs))
                       for group in pruner.step(interactive=True)]  # fmt: skip
         return [(name, channels) for name, channels in chosen if channels]

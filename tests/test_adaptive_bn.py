@@ -51,11 +51,11 @@ def test_demo_models_adaptive_bn_fast_equals_reference(
     config_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(REPO)
-    config = load_config(Path("configs/demo") / config_name, ["Global.max_samples=200", "Global.calib_samples=256"])
+    config = load_config(Path("configs/demo") / config_name, ["Global.max_samples=100", "Global.calib_samples=128"])
     loader = build_eval_loader(config.Global, torch.device("cpu"))
     assert apply_data_cache(loader, "ram", None, progress=False)
     calibration = build_calibration_set(config.Global, torch.device("cpu"), loader)
-    assert calibration is not None and calibration.num_samples == 256
+    assert calibration is not None and calibration.num_samples == 128
     model = build_model(config.Global)
     reference, fast = analyse_both(
         model, loader, tmp_path, pruned_ratios=(0.3, 0.6), adaptive_bn=True, calibration=calibration.loader

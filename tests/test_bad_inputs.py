@@ -1581,6 +1581,6 @@ def test_a_mistyped_command_is_named_with_a_suggestion(cli: Cli, tmp_path: Path)
     """``run.py plna`` used to be reported as a malformed override."""
     result = cli("plna", "--config_path", "c.yaml")
     assert_user_error(result, r"^error: unknown command 'plna' \(did you mean 'plan'\?\); the commands are plan, "
-                              r"verify, report, merge, deps")  # fmt: skip
+                              r"verify, compress, report, merge, deps")  # fmt: skip
     assert "Override" not in result.err
     assert tree(tmp_path) == {}

@@ -19,6 +19,7 @@ DOCS_PAGES = {
     "docs/outputs.md",
     "docs/scale-out.md",
     "docs/cli.md",
+    "docs/recovery.md",
     "docs/reference/cli.md",
 }
 
@@ -41,7 +42,7 @@ def help_of(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 
 def test_main_help_lists_every_subcommand_with_its_summary(capsys: pytest.CaptureFixture[str]) -> None:
     out = help_of(["--help"], capsys)
-    assert [command.name for command in SUBCOMMANDS] == ["plan", "verify", "report", "merge", "deps"]
+    assert [command.name for command in SUBCOMMANDS] == ["plan", "verify", "compress", "report", "merge", "deps"]
     for command in SUBCOMMANDS:
         assert re.search(rf"^  {command.name} +{re.escape(command.summary)}$", out, re.MULTILINE), command.name
     assert "python run.py <command> --help" in out
@@ -53,8 +54,9 @@ def test_main_help_lists_every_subcommand_with_its_summary(capsys: pytest.Captur
 def test_summaries_are_one_short_line_each() -> None:
     for command in COMMANDS:
         assert command.summary.strip() == command.summary and "\n" not in command.summary, command.name
+    width = max(len(command.name) for command in SUBCOMMANDS)
     for command in SUBCOMMANDS:  # the listing fits an 80-column terminal unwrapped
-        assert len(f"  {command.name:<6}  {command.summary}") <= 78, command.name
+        assert len(f"  {command.name:<{width}}  {command.summary}") <= 78, command.name
 
 
 def test_every_command_has_its_documentation_page() -> None:
@@ -63,6 +65,7 @@ def test_every_command_has_its_documentation_page() -> None:
         "": "docs/getting-started.md",
         "plan": "docs/plans.md",
         "verify": "docs/plans.md",
+        "compress": "docs/recovery.md",
         "report": "docs/outputs.md",
         "merge": "docs/scale-out.md",
         "deps": "docs/cli.md",
@@ -122,7 +125,15 @@ def test_reference_has_every_command_and_names_every_argument() -> None:
     markdown = cli_reference_markdown()
     assert markdown.startswith("# ")
     headings = re.findall(r"^## (.+)$", markdown, re.MULTILINE)
-    assert headings == ["run.py", "run.py plan", "run.py verify", "run.py report", "run.py merge", "run.py deps"]
+    assert headings == [
+        "run.py",
+        "run.py plan",
+        "run.py verify",
+        "run.py compress",
+        "run.py report",
+        "run.py merge",
+        "run.py deps",
+    ]
     sections = dict(zip(headings, re.split(r"^## .+$", markdown, flags=re.MULTILINE)[1:], strict=True))
     for command in COMMANDS:
         parser = command.parser()

@@ -23,6 +23,7 @@ LAYERS = (
         "trust",
         "command_template",
         "config",
+        "act_keys",
         "config_reference",
     ),
     ("io",),

@@ -17,6 +17,7 @@ from analysis.cli._commands import (
     merge_main,
     report_main,
 )
+from analysis.cli._compress import build_compress_parser, compress_main
 from analysis.cli._job import build_parser, job_main
 from analysis.cli._parser import CommandParser
 from analysis.cli._plan import build_plan_parser, build_verify_parser, plan_main, verify_main
@@ -70,6 +71,8 @@ SUBCOMMANDS = (
             plan_main, "docs/plans.md"),
     Command("verify", "Prune a ratios YAML into the model at once and measure the result", build_verify_parser,
             verify_main, "docs/plans.md"),
+    Command("compress", "Plan, prune, fine-tune by distillation (TrainConfig) and export",
+            build_compress_parser, compress_main, "docs/recovery.md"),
     Command("report", "Write the CSV, plots and HTML report of an existing analysis file", build_report_parser,
             report_main, "docs/outputs.md"),
     Command("merge", "Merge analysis files of one analysis (e.g. shards) into one", build_merge_parser, merge_main,

@@ -662,6 +662,33 @@ class VerificationRecord(_Record):
 
 
 @dataclass(kw_only=True)
+class RecoveryRecord(_Record):
+    """The plan's model recovered by ``run.py compress``: the dense, one-shot, re-estimated and recovered metrics on
+    the evaluation images, how training went, the recipe and where the files are; ``history`` lists every
+    evaluation (``step`` and metrics)."""
+
+    dense: Metrics | None = None
+    one_shot: Metrics | None = None
+    reestimated: Metrics | None = None
+    recovered: Metrics | None = None
+    best_step: int | None = None
+    steps: int | None = None
+    total_steps: int | None = None
+    stopped: str | None = None
+    resumed_from: int | None = None
+    seconds: float | None = None
+    images_per_second: float | None = None
+    train_images: int | None = None
+    processes: int | None = None
+    precision: str | None = None
+    recipe: dict[str, Any] | None = None
+    distillation: dict[str, Any] | None = None
+    history: list[dict[str, Any]] | None = None
+    folder: str | None = None
+    exported: dict[str, str] | None = None
+
+
+@dataclass(kw_only=True)
 class PlanRecord(_Record):
     """The latest pruning plan (``run.py plan``/``verify``); ``settings`` (channel ranking) and ``search`` (what the
     measured method's search did) stay JSON objects."""
@@ -689,6 +716,8 @@ class PlanRecord(_Record):
     latency: dict[str, Any] | None = None
     # combined budgets: every budget the plan meets, {measure: reduction}; absent for one budget
     budgets: dict[str, float] | None = None
+    # run.py compress: the recovered model (absent for a plan that was not recovered)
+    recovery: RecoveryRecord | None = None
 
 
 @dataclass(kw_only=True)

@@ -143,10 +143,21 @@ def build_optimizer(parameters: Iterable[torch.nn.Parameter], spec: OptimizerSpe
                                initial_accumulator_value=float(args.get("initial_accumulator_value", 0.0)))  # fmt: skip
 
 
-def build_schedule(optimizer: torch.optim.Optimizer, spec: ScheduleSpec) -> lr_scheduler.LRScheduler:
+def build_schedule(
+    optimizer: torch.optim.Optimizer, spec: ScheduleSpec, total_steps: int | None = None
+) -> lr_scheduler.LRScheduler:
     """The PyTorch schedule of ``optimizer`` (built at :attr:`ScheduleSpec.initial_lr`) computing Paddle's learning
-    rate at every iteration; step it after every optimizer step, as ACT steps Paddle's."""
-    return _BUILDERS[spec.type](optimizer, spec.arguments, spec.initial_lr)
+    rate at every iteration; step it after every optimizer step, as ACT steps Paddle's.
+
+    A ``CosineAnnealingDecay`` without ``T_max`` anneals over ``total_steps``, the whole training (ACT's image
+    classification example fills ``T_max`` in the same way, with its one epoch's iterations).
+    """
+    arguments = spec.arguments
+    if spec.type == "CosineAnnealingDecay" and "T_max" not in arguments:
+        if total_steps is None:
+            raise ValueError("CosineAnnealingDecay without T_max needs total_steps")
+        arguments = {**arguments, "T_max": total_steps}
+    return _BUILDERS[spec.type](optimizer, arguments, spec.initial_lr)
 
 
 def _piecewise(optimizer: torch.optim.Optimizer, args: Arguments, base: float) -> lr_scheduler.LRScheduler:
@@ -209,7 +220,7 @@ _BUILDERS: dict[str, Callable[[torch.optim.Optimizer, Arguments, float], lr_sche
 }  # fmt: skip
 
 SCHEDULE_ARGUMENTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "CosineAnnealingDecay": (("learning_rate", "T_max"), ("eta_min",)),
+    "CosineAnnealingDecay": (("learning_rate",), ("T_max", "eta_min")),
     "PiecewiseDecay": (("boundaries", "values"), ()),
     "LinearWarmup": (("learning_rate", "warmup_steps", "start_lr", "end_lr"), ()),
     "ExponentialDecay": (("learning_rate", "gamma"), ()),

@@ -26,6 +26,7 @@ from analysis.io.sidecar import (
     ConfigRecord,
     FingerprintRecord,
     PlanRecord,
+    RecoveryRecord,
     SettingsRecord,
     Sidecar,
     VariantRecord,
@@ -472,11 +473,13 @@ def _plan_section(sidecar: Sidecar | None) -> str:
             rows.append((f"latency batch {timed.batch} on {_e(timed.runtime)}",
                          _e(f"{fixed(timed.dense_ms, '.3f')} ms -> {fixed(timed.pruned_ms, '.3f')} ms{interval}"
                             f"{predicted} ({timed.device})")))  # fmt: skip
-    else:
+    elif plan.recovery is None:
         after_cost = plan.pruned
         macs, params = (None, None) if after_cost is None else (after_cost.macs, after_cost.params)
         rows.append(("MACs, params after", _e(f"{count(macs)}, {count(params)} (computed; run.py verify measures the "
                                               "pruned model)")))  # fmt: skip
+    if plan.recovery is not None:
+        rows += _recovery_rows(plan.recovery)
     groups = "".join(
         f'<tr><td class="name">{_e(", ".join(g.members or []))}</td><td>{fixed(g.ratio)}</td>'
         f"<td>{_e(g.channels_removed)}/{_e(g.channels)}</td><td>{fixed(g.predicted_loss)}</td></tr>"
@@ -486,6 +489,24 @@ def _plan_section(sidecar: Sidecar | None) -> str:
     table = f'<table class="losses"><thead><tr>{head}</tr></thead><tbody>{groups}</tbody></table>'
     shown = "".join(f'<p class="warning">{_e(text)}</p>' for text in warnings)
     return "<h2>Pruning plan</h2>" + shown + _table(rows) + f'<div class="scroll">{table}</div>'
+
+
+def _recovery_rows(recovery: RecoveryRecord) -> list[tuple[str, str]]:
+    """``run.py compress``'s recovery of the plan: top1 at each stage, how training went, the recipe."""
+    stages = [("dense", recovery.dense), ("pruned at once", recovery.one_shot),
+              ("BatchNorm re-estimated", recovery.reestimated), ("recovered", recovery.recovered)]  # fmt: skip
+    path = " -> ".join(f"{name} {fixed((metrics or {}).get('top1'))}" for name, metrics in stages if metrics)
+    recipe = recovery.recipe or {}
+    optimizer, schedule = recipe.get("optimizer") or {}, recipe.get("learning_rate") or {}
+    trained = (f"{recovery.steps}/{recovery.total_steps} steps ({recovery.stopped}), best at step "
+               f"{recovery.best_step}, {recovery.train_images} training images, {recovery.processes} process(es), "
+               f"{recovery.precision}, {fixed(recovery.images_per_second, '.0f')} images/s")  # fmt: skip
+    how = (f"{optimizer.get('type')} (weight decay {optimizer.get('weight_decay')}), learning rate "
+           f"{schedule.get('type')} from {schedule.get('learning_rate', schedule.get('values'))}; distillation "
+           + ", ".join(f"{pair['loss']} on {pair['student']} x {pair['alpha']}"
+                       for pair in (recovery.distillation or {}).get("pairs", [])))  # fmt: skip
+    return [("top1 (run.py compress)", _e(path)), ("recovery", _e(trained)), ("recipe", _e(how)),
+            ("recovered model", _e(", ".join((recovery.exported or {}).values()) or "-"))]  # fmt: skip
 
 
 def _calibration_check(verification: VerificationRecord) -> str:

@@ -99,7 +99,7 @@ def run_plan_step(
     Raises:
         ConfigError: For an argument of the wrong type, a config file that does not exist or does not load.
     """
-    config = _config(config)
+    config = config_argument(config)
     if inputs is not None and not isinstance(inputs, Inputs):
         raise arguments.refuse("inputs", "an Inputs (build_inputs(config)) or None", inputs)
     progress = arguments.optional(arguments.flag, "progress", progress)
@@ -114,8 +114,12 @@ def run_plan_step(
         return _plan_step(config, inputs, progress, ratios_file, record)
 
 
-def _config(config: object) -> Config:
-    """``run_plan_step``'s ``config``: a :class:`~analysis.config.Config`, or a YAML file's path, loaded."""
+def config_argument(config: object) -> Config:
+    """A workflow function's ``config``: a :class:`~analysis.config.Config`, or a YAML file's path, loaded.
+
+    Raises:
+        ConfigError: For another type, or a path that is not a file.
+    """
     if isinstance(config, Config):
         return config
     if not isinstance(config, (str, os.PathLike)):
@@ -127,7 +131,7 @@ def _config(config: object) -> Config:
 
 
 @dataclass
-class _Planned:
+class Planned:
     """The plan step's plan and the ratios file that goes with it.
 
     Attributes:
@@ -157,7 +161,7 @@ def _plan_step(
     latency and the ONNX export are float32 (what is deployed)."""
     s = config.SensitivityAnalysis
     assert s.analysis_file is not None
-    planned = _make_plan(config, inputs, progress, ratios_file, record)
+    planned = make_plan(config, inputs, progress, ratios_file, record)
     result = planned.result
     pruned = _verify(config, inputs, record, result, progress) if s.verify else _Pruned()
     if s.export_dir is not None:
@@ -168,9 +172,9 @@ def _plan_step(
     return result
 
 
-def _make_plan(
+def make_plan(
     config: Config, inputs: Inputs, progress: bool | None, ratios_file: str | Path | None, record: AnalysisRecord
-) -> _Planned:
+) -> Planned:
     """The budget plan of the config (latency budgets measured on the runtime), else the ratios of ``ratios_file``
     or of the ``target_loss`` ratios file, as a plan."""
     s = config.SensitivityAnalysis
@@ -185,14 +189,14 @@ def _make_plan(
                                 source=str(source))  # fmt: skip
         result = PlanResult(plan, None)
         result.estimates = estimate_notice(record)
-        return _Planned(result, source.read_bytes())  # the export copies the file as it was read
+        return Planned(result, source.read_bytes())  # the export copies the file as it was read
     plan, how, targets = _budget_plan(config, inputs, progress, record, targets)
     reached = ", ".join(f"{m} reduced by >= {v:g} (exactly {plan.reduction_of(m):.4f})" for m, v in targets.items())
     note = f"Budget plan: {reached} with {how}; coupled params share their group's ratio."
     text = channel_prune_yaml(plan.ratios, list(plan.ratios), plan.settings["criterion"], note=note)
     result = PlanResult(plan, plan_path(analysis_file))
     result.estimates = estimate_notice(record)
-    return _Planned(result, text.encode("utf-8"), text)
+    return Planned(result, text.encode("utf-8"), text)
 
 
 def _budget_plan(
@@ -251,7 +255,7 @@ def _verify(
 
 
 def _export(
-    config: Config, inputs: Inputs, record: AnalysisRecord, planned: _Planned, pruned: _Pruned, progress: bool | None
+    config: Config, inputs: Inputs, record: AnalysisRecord, planned: Planned, pruned: _Pruned, progress: bool | None
 ) -> None:
     """Write the export folder: the verified copy, or a copy pruned (and re-estimated, its calibration checked) now."""
     s = config.SensitivityAnalysis

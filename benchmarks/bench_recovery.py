@@ -1,0 +1,223 @@
+#!/usr/bin/env python
+"""Plans judged after recovery: every plan at every budget pruned, re-estimated and recovered with the same recipe
+and the same batches, scored on images neither the analysis nor the plan search saw.
+
+For each demo model the 450 validation images are split by line, alternately: the even lines are what the analysis,
+the measured method's search and recovery's best-checkpoint choice see; the odd lines (225 images) score every
+figure here (held out). At each MACs budget the plans are:
+
+* our **knapsack** (``run.py plan``) and **measured** (``--method measured``) plans;
+* a **uniform** ratio for every analysed group (our channel ranking), the smallest reaching the budget;
+* **Torch-Pruning global** and **local** magnitude pruning (``MetaPruner`` with group L1 importance, its own channel
+  choice), the pruning ratio searched until the budget is reached.
+
+Each plan is pruned physically (``jointly_pruned_copy``), scored at once (**one-shot**), after BatchNorm
+re-estimation on 1,024 training images (**BN**), and after recovery by ``run.py compress``'s own loop
+(:func:`analysis.recovery.train.recover`) for each ``--epochs`` length and ``--seeds`` seed: distillation from the
+dense model as ACT's prune_dis example configures it (l2 on the logits, Momentum, cosine learning rate), at a tenth
+of the demo's training learning rate (0.005), batch 64, the demo's augmentation (crops of 60-100% of the image, no
+flip), weight decay 5e-4. Each seed fixes the data order and augmentation, so every plan sees the same batches.
+
+    python benchmarks/bench_recovery.py                                  # both demos, 50% and 65%, 3 epochs, 2 seeds
+    python benchmarks/bench_recovery.py --epochs 3 10 --seeds 0 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+
+from bench_plan import Removals, torch_pruning_global, uniform_removals  # noqa: E402
+
+from analysis.config import Config, derive, load_config  # noqa: E402
+from analysis.engine.batchnorm import recalibrate_copy  # noqa: E402
+from analysis.engine.evaluate import evaluate  # noqa: E402
+from analysis.inputs.build import Inputs, build_inputs  # noqa: E402
+from analysis.inputs.data import EvalLoader, Preprocess, build_eval_loader  # noqa: E402
+from analysis.planning.measured import PlanScoring, SearchSettings, build_measured_plan  # noqa: E402
+from analysis.planning.plan import build_plan, open_planner  # noqa: E402
+from analysis.recovery.act import read_distillation, read_train_config  # noqa: E402
+from analysis.recovery.data import Sharding, build_train_batches  # noqa: E402
+from analysis.recovery.train import RecoveryJob, recover  # noqa: E402
+from analysis.structure.flops import count_cost  # noqa: E402
+from analysis.structure.groups import eval_mode  # noqa: E402
+from analysis.structure.physical import jointly_pruned_copy  # noqa: E402
+from analysis.workflow.job import run_job  # noqa: E402
+
+RECIPE = {"learning_rate": {"type": "CosineAnnealingDecay", "learning_rate": 0.005},
+          "optimizer_builder": {"optimizer": {"type": "Momentum"}, "weight_decay": 5e-4}}  # fmt: skip
+RECOVERY = {"Recovery.batch_size": 64, "Recovery.crop_scale": [0.6, 1.0], "Recovery.hflip": 0.0}
+
+
+@dataclass
+class Row:
+    """One plan at one budget: its cut, its held-out top1 at each stage, and how long each took."""
+
+    model: str
+    budget: float
+    method: str
+    macs_reduction: float
+    one_shot: float
+    bn: float
+    recovered: dict[str, list[float]] = field(default_factory=dict)  # "<epochs>" -> top1 per seed
+    seconds: dict[str, float] = field(default_factory=dict)  # plan, and "<epochs>" -> recovery seconds per seed
+
+
+def split_lists(config: Config, folder: Path) -> tuple[Path, Path]:
+    """The evaluation list split alternately: (seen by the analysis, search and recovery; held out)."""
+    g = config.Global
+    assert g.data_dir is not None
+    lines = [line for line in (Path(g.data_dir) / g.val_list).read_text().splitlines() if line.strip()]
+    folder.mkdir(parents=True, exist_ok=True)
+    seen, held = folder / "seen_list.txt", folder / "heldout_list.txt"
+    seen.write_text("\n".join(lines[0::2]) + "\n")
+    held.write_text("\n".join(lines[1::2]) + "\n")
+    return seen, held
+
+
+def load(model: str, folder: Path) -> tuple[Config, Path]:
+    """The demo config analysing the seen half into ``folder``, and the held-out list."""
+    base = load_config(REPO_ROOT / "configs" / "demo" / f"{model}.yaml", ["Global.device=cpu"])
+    seen, held = split_lists(base, folder)
+    config = derive(base, {"Global.val_list": str(seen), "Global.calib_list": "train_list.txt",
+                           "Recovery.train_list": "train_list.txt",
+                           "SensitivityAnalysis.analysis_file": str(folder / "s.pkl"),
+                           "SensitivityAnalysis.target_loss": None, "SensitivityAnalysis.report": False})  # fmt: skip
+    return config, held
+
+
+def top1(model: torch.nn.Module, loader: EvalLoader) -> float:
+    model.eval()
+    return evaluate(model, loader, progress=False).top1
+
+
+def plans(
+    inputs: Inputs, analysis_file: str, budget: float, eval_budget: int | None
+) -> dict[str, Callable[[], Removals]]:
+    """How each method makes its removals at ``budget``."""
+    model, example = inputs.model, inputs.example_input
+    planner, options = open_planner(model, example, analysis_file)
+    calibration = inputs.calibration.loader if inputs.calibration is not None else None
+    scoring = PlanScoring.from_loaders(inputs.loader, calibration, 256, 0)
+    return {
+        "knapsack": lambda: build_plan(model, example, analysis_file, budget).removals(),
+        "measured": lambda: build_measured_plan(model, example, analysis_file, budget, scoring,
+                                                settings=SearchSettings(evaluations=eval_budget),
+                                                progress=False).removals(),
+        "uniform": lambda: uniform_removals(planner, options, budget),
+        "Torch-Pruning global": lambda: torch_pruning_global(planner, budget),
+        "Torch-Pruning local": lambda: torch_pruning_global(planner, budget, global_pruning=False),
+    }  # fmt: skip
+
+
+def recovered(
+    config: Config, inputs: Inputs, pruned: torch.nn.Module, epochs: int, seed: int, folder: Path
+) -> tuple[torch.nn.Module, float]:
+    """``pruned`` recovered for ``epochs`` with the data of ``seed`` (a copy), and the seconds it took."""
+    seeded = derive(config, {**RECOVERY, "Recovery.seed": seed})
+    preprocess = Preprocess.from_config(seeded.Global)
+    batches = build_train_batches(seeded, preprocess, labelled=False, sharding=Sharding())
+    train = read_train_config({**RECIPE, "epochs": epochs, "eval_iter": batches.steps_per_epoch})
+    job = RecoveryJob(train, read_distillation({"loss": "l2"}), "fp32", 0.0, folder, f"{epochs}-{seed}", preprocess,
+                      resume=False, progress=False)  # fmt: skip
+    student = copy.deepcopy(pruned)
+    torch.manual_seed(seed)
+    dense = {"top1": 1.0}
+    start = time.perf_counter()
+    recover(student, inputs.model, batches, lambda m: evaluate(m, inputs.loader, progress=False).metrics(), job, dense)
+    return student, time.perf_counter() - start
+
+
+def bench_model(model_name: str, args: argparse.Namespace) -> tuple[list[Row], float]:
+    """Every method at every budget on one demo model, recovered; the dense model's held-out top1."""
+    config, held_list = load(model_name, args.out / model_name)
+    inputs = build_inputs(config, progress=False, calibration=True)
+    run_job(config, progress=False, inputs=inputs)
+    analysis_file = config.SensitivityAnalysis.analysis_file
+    assert analysis_file is not None
+    heldout = build_eval_loader(dataclasses.replace(config.Global, val_list=str(held_list)), torch.device("cpu"))
+    model, example = inputs.model, inputs.example_input
+    dense = top1(model, heldout)
+    dense_macs = count_cost(model, example).macs
+    print(f"{model_name}: dense top1 {dense:.4f} on {heldout.num_samples} held-out images", flush=True)
+    rows = []
+    with eval_mode(model):
+        for budget in args.budgets:
+            for method, make in plans(inputs, analysis_file, budget, args.eval_budget).items():
+                start = time.perf_counter()
+                removals = make()
+                plan_seconds = time.perf_counter() - start
+                pruned = jointly_pruned_copy(model, removals, example)
+                reduction = 1 - count_cost(pruned, example).macs / dense_macs
+                one_shot = top1(pruned, heldout)
+                assert inputs.calibration is not None
+                recalibrate_copy(model, pruned, removals, example, inputs.calibration.loader)
+                row = Row(model_name, budget, method, reduction, one_shot, top1(pruned, heldout))
+                row.seconds["plan"] = plan_seconds
+                for epochs in args.epochs:
+                    scores, times = [], []
+                    for seed in args.seeds:
+                        folder = args.out / model_name / "runs" / f"{budget}-{method}-{epochs}-{seed}".replace(" ", "_")
+                        student, seconds = recovered(config, inputs, pruned, epochs, seed, folder)
+                        scores.append(top1(student, heldout))
+                        times.append(seconds)
+                    row.recovered[str(epochs)] = scores
+                    row.seconds[str(epochs)] = statistics.mean(times)
+                rows.append(row)
+                print(line(row, args.epochs), flush=True)
+    return rows, dense
+
+
+def line(row: Row, epochs: list[int]) -> str:
+    after = " | ".join(f"{statistics.mean(row.recovered[str(e)]):.3f} ({_spread(row.recovered[str(e)])})"
+                       for e in epochs)  # fmt: skip
+    per_epoch = statistics.mean(row.seconds[str(e)] / e for e in epochs)
+    return (f"| {row.model} | {row.budget:.0%} ({row.macs_reduction:.1%}) | {row.method} | {row.one_shot:.3f} | "
+            f"{row.bn:.3f} | {after} | {per_epoch:.1f} s |")  # fmt: skip
+
+
+def _spread(values: list[float]) -> str:
+    return "/".join(f"{value:.3f}" for value in values)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["digits_mobilenet", "digits_resnet"])
+    parser.add_argument("--budgets", nargs="+", type=float, default=[0.5, 0.65])
+    parser.add_argument("--epochs", nargs="+", type=int, default=[3])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--eval-budget", type=int, default=None, help="the measured method's joint evaluations")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "bench_recovery")
+    args = parser.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+    print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, threads "
+          f"{torch.get_num_threads()}, commit {commit.stdout.strip()}", flush=True)  # fmt: skip
+    header = " | ".join(f"{e} epochs (seeds {'/'.join(map(str, args.seeds))})" for e in args.epochs)
+    print(f"| model | MACs cut | plan | one-shot | BN | {header} | recovery per epoch |", flush=True)
+    results: dict[str, Any] = {"epochs": args.epochs, "seeds": args.seeds, "models": {}}
+    for model in args.models:
+        rows, dense = bench_model(model, args)
+        results["models"][model] = {"dense": dense, "rows": [dataclasses.asdict(row) for row in rows]}
+    (args.out / "bench_recovery.json").write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
