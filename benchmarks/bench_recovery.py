@@ -92,13 +92,14 @@ def split_lists(config: Config, folder: Path) -> tuple[Path, Path]:
     return seen, held
 
 
-def load(model: str, folder: Path) -> tuple[Config, Path]:
-    """The demo config analysing the seen half into ``folder``, and the held-out list."""
+def load(model: str, folder: Path, ratios: list[float]) -> tuple[Config, Path]:
+    """The demo config analysing the seen half at ``ratios`` into ``folder``, and the held-out list."""
     base = load_config(REPO_ROOT / "configs" / "demo" / f"{model}.yaml", ["Global.device=cpu"])
     seen, held = split_lists(base, folder)
     config = derive(base, {"Global.val_list": str(seen), "Global.calib_list": "train_list.txt",
                            "Recovery.train_list": "train_list.txt",
                            "SensitivityAnalysis.analysis_file": str(folder / "s.pkl"),
+                           "SensitivityAnalysis.pruned_ratios": ratios,
                            "SensitivityAnalysis.target_loss": None, "SensitivityAnalysis.report": False})  # fmt: skip
     return config, held
 
@@ -145,9 +146,12 @@ def recovered(
     return student, time.perf_counter() - start
 
 
-def bench_model(model_name: str, args: argparse.Namespace) -> tuple[list[Row], float]:
-    """Every method at every budget on one demo model, recovered; the dense model's held-out top1."""
-    config, held_list = load(model_name, args.out / model_name)
+def bench_model(
+    model_name: str, args: argparse.Namespace, keep: Callable[[str, float, list[Row]], None]
+) -> tuple[list[Row], float]:
+    """Every method at every budget on one demo model, recovered; the dense model's held-out top1. ``keep`` is given
+    the rows so far after each one (an interrupted run keeps what it measured)."""
+    config, held_list = load(model_name, args.out / model_name, args.ratios)
     inputs = build_inputs(config, progress=False, calibration=True)
     run_job(config, progress=False, inputs=inputs)
     analysis_file = config.SensitivityAnalysis.analysis_file
@@ -181,6 +185,7 @@ def bench_model(model_name: str, args: argparse.Namespace) -> tuple[list[Row], f
                     row.recovered[str(epochs)] = scores
                     row.seconds[str(epochs)] = statistics.mean(times)
                 rows.append(row)
+                keep(model_name, dense, rows)
                 print(line(row, args.epochs), flush=True)
     return rows, dense
 
@@ -197,25 +202,91 @@ def _spread(values: list[float]) -> str:
     return "/".join(f"{value:.3f}" for value in values)
 
 
+def ranks(values: list[float]) -> list[float]:
+    """1-based ranks, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=lambda index: values[index])
+    result = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for position in range(start, end + 1):
+            result[order[position]] = (start + end) / 2 + 1
+        start = end + 1
+    return result
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation (Pearson's of the ranks; nan when either side is constant)."""
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / (sxx * syy) ** 0.5 if sxx and syy else float("nan")
+
+
+def rank_agreement(results: dict[str, Any]) -> list[str]:
+    """Per model and budget: how well each earlier figure (one-shot, BN, a shorter recovery) ranks the plans as the
+    longest recovery does (Spearman over the plans, seeds averaged), as Markdown rows."""
+    longest = str(max(results["epochs"]))
+    shorter = [str(e) for e in sorted(results["epochs"]) if str(e) != longest]
+    lines = ["| " + " | ".join(["model", "budget", "one-shot", "BN", *(f"{e} epochs" for e in shorter)]) + " |"]
+    for model, data in results["models"].items():
+        for budget in sorted({row["budget"] for row in data["rows"]}):
+            rows = [row for row in data["rows"] if row["budget"] == budget]
+            target = [statistics.mean(row["recovered"][longest]) for row in rows]
+            predictors = [[row["one_shot"] for row in rows], [row["bn"] for row in rows]]
+            predictors += [[statistics.mean(row["recovered"][e]) for row in rows] for e in shorter]
+            cells = " | ".join(f"{spearman(values, target):+.2f}" for values in predictors)
+            lines.append(f"| {model} | {budget:.0%} | {cells} |")
+    return lines
+
+
+def summarise(path: Path) -> None:
+    """Print the table and the rank agreement of a finished run's JSON."""
+    results = json.loads(path.read_text())
+    epochs = results["epochs"]
+    for model, data in results["models"].items():
+        print(f"{model}: dense top1 {data['dense']:.4f} (held out)")
+        for row in data["rows"]:
+            print(line(Row(**row), epochs))
+    print(f"\nrank agreement with {max(epochs)} epochs (Spearman over the plans):")
+    print("\n".join(rank_agreement(results)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["digits_mobilenet", "digits_resnet"])
     parser.add_argument("--budgets", nargs="+", type=float, default=[0.5, 0.65])
+    parser.add_argument("--ratios", nargs="+", type=float, default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7],
+                        help="the analysis's ratios (the demo's 0.1-0.4 cannot reach 65%% fewer MACs)")  # fmt: skip
     parser.add_argument("--epochs", nargs="+", type=int, default=[3])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--eval-budget", type=int, default=None, help="the measured method's joint evaluations")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "bench_recovery")
+    parser.add_argument("--summarise", type=Path, help="print the tables of a finished run's JSON and stop")
     args = parser.parse_args()
+    if args.summarise is not None:
+        summarise(args.summarise)
+        return 0
+    args.out = args.out.resolve()  # the split lists are named by absolute path (a relative one is read from data_dir)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
     print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, threads "
           f"{torch.get_num_threads()}, commit {commit.stdout.strip()}", flush=True)  # fmt: skip
     header = " | ".join(f"{e} epochs (seeds {'/'.join(map(str, args.seeds))})" for e in args.epochs)
     print(f"| model | MACs cut | plan | one-shot | BN | {header} | recovery per epoch |", flush=True)
     results: dict[str, Any] = {"epochs": args.epochs, "seeds": args.seeds, "models": {}}
-    for model in args.models:
-        rows, dense = bench_model(model, args)
+
+    def keep(model: str, dense: float, rows: list[Row]) -> None:
         results["models"][model] = {"dense": dense, "rows": [dataclasses.asdict(row) for row in rows]}
-    (args.out / "bench_recovery.json").write_text(json.dumps(results, indent=2))
+        (args.out / "bench_recovery.json").write_text(json.dumps(results, indent=2))
+
+    for model in args.models:
+        bench_model(model, args, keep)
+    if len(args.epochs) > 1:
+        print(f"\nrank agreement with {max(args.epochs)} epochs (Spearman over the plans):")
+        print("\n".join(rank_agreement(results)))
     return 0
 
 

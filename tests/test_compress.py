@@ -154,3 +154,11 @@ def test_two_cpu_processes_under_torchrun_give_the_one_process_result(
     two = torch.load(tmp_path / "compress" / "best.pt", weights_only=True)
     one = torch.load(folder / "compress" / "best.pt", weights_only=True)
     assert (two["fc.weight"] - one["fc.weight"]).norm() <= 0.05 * one["fc.weight"].norm()
+
+
+def test_an_unwritable_output_dir_is_refused_before_anything_loads(tmp_path: Path, cli: Any) -> None:
+    path = act_config(tmp_path)
+    (tmp_path / "taken").write_text("a file, not a folder")
+    result = cli("compress", "--config_path", path, f"Recovery.output_dir={tmp_path / 'taken' / 'compress'}")
+    assert_user_error(result, r"Recovery\.output_dir")
+    assert not (tmp_path / "sensitivity.pkl").exists()

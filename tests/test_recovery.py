@@ -373,3 +373,18 @@ def test_training_stops_at_target_metric_near_origin_metric_and_on_a_bad_loss(tr
     with pytest.raises(TrainingError, match=r"^The recovery loss became (nan|inf) by step \d; lower TrainConfig"):
         recover(copy.deepcopy(student), teacher, batches, _scores(0.1), _job(tmp_path / "n", {**TRAIN,
                 "learning_rate": 1e30}), {"top1": 0.9})  # fmt: skip
+
+
+def test_a_batch_that_does_not_fit_in_memory_names_the_key(
+    train_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batches = build_train_batches(_config(train_data), Preprocess(12, 14), labelled=True, sharding=Sharding())
+    teacher, student = _models()
+
+    def out_of_memory(self: nn.Module, images: torch.Tensor) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(Net, "forward", out_of_memory)
+    with pytest.raises(TrainingError, match=r"^A training batch of 4 images does not fit in the memory of cpu "
+                       r"\(Recovery\.batch_size 4 over 1 process\(es\)\); lower Recovery\.batch_size"):  # fmt: skip
+        recover(student, teacher, batches, _scores(0.1), _job(tmp_path, TRAIN), {"top1": 0.9})

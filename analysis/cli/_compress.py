@@ -12,10 +12,10 @@ from analysis.cli._parser import CommandParser
 from analysis.config import Config, derive, load_config
 from analysis.inputs.build import build_inputs
 from analysis.inputs.device import resolve_device
-from analysis.io.outputs import check_config_outputs
+from analysis.io.outputs import check_config_outputs, check_output_folder
 from analysis.io.ratios_yaml import load_ratios_yaml
 from analysis.scale.distributed import from_environment, process_group, rank_device
-from analysis.workflow.compress import CompressResult, read_recipe, run_compress
+from analysis.workflow.compress import CompressResult, read_recipe, recovery_folder, run_compress
 from analysis.workflow.report import write_report_files
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ def compress_main(args: argparse.Namespace) -> int:
     if args.ratios is not None:
         load_ratios_yaml(args.ratios)
     check_config_outputs(config, "SensitivityAnalysis.export_dir")
+    check_output_folder(recovery_folder(config), "Recovery.output_dir")  # before hours of analysis, not after
     rank = from_environment()
     if rank is None:
         progress = False if args.quiet else None

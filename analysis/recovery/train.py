@@ -25,10 +25,12 @@ from torch import nn
 
 from analysis.errors import DataError, UserError
 from analysis.inputs.data import Preprocess, normalize_batch
+from analysis.inputs.device import is_out_of_memory
 from analysis.progress import progress_bar
 from analysis.recovery.act import EARLY_STOP_SHARE, ORIGIN_METRIC_TOLERANCE, DistillSettings, TrainSettings
 from analysis.recovery.checkpoint import (
     LAST_FILE,
+    CheckpointError,
     Evaluation,
     TrainingState,
     read_best,
@@ -193,13 +195,20 @@ def _start(
 ) -> tuple[TrainingState, int | None]:
     """The state to start from: a checkpoint's (read by the first process and sent to the others), or a fresh one."""
     payload = None
-    if job.resume:
-        leader = not dist.is_initialized() or dist.get_rank() == 0
-        payload = read_checkpoint(job.folder, job.identity) if leader else None
-        if dist.is_initialized():
-            shared = [payload]
-            dist.broadcast_object_list(shared, src=0)
-            payload = shared[0]
+    if job.resume and not dist.is_initialized():
+        payload = read_checkpoint(job.folder, job.identity)
+    elif job.resume:  # the first process reads; a checkpoint it refuses stops every process with its sentence
+        refusal = None
+        if dist.get_rank() == 0:
+            try:
+                payload = read_checkpoint(job.folder, job.identity)
+            except CheckpointError as error:
+                refusal = str(error)
+        shared = [(payload, refusal)]
+        dist.broadcast_object_list(shared, src=0)
+        payload, refusal = shared[0]
+        if refusal is not None:
+            raise CheckpointError(refusal)
     if payload is None:
         return TrainingState(), None
     state = restore(payload, student, optimizer, schedule)
@@ -247,7 +256,16 @@ class _Loop:
                 return "finished", 0.0, 0
             started = time.perf_counter()
             for step, uint8, labels in batches.from_step(state.step):
-                loss = self._step(uint8, labels, taught, learnt)
+                try:
+                    loss = self._step(uint8, labels, taught, learnt)
+                except (RuntimeError, MemoryError) as error:
+                    if not is_out_of_memory(error):
+                        raise
+                    raise TrainingError(
+                        f"A training batch of {uint8.shape[0]} images does not fit in the memory of {self.device} "
+                        f"(Recovery.batch_size {batches.batch_size} over {world} process(es)); lower "
+                        "Recovery.batch_size or train on more processes. The last checkpoint is kept."
+                    ) from None
                 state.step = step + 1
                 images += uint8.shape[0] * world
                 bar.update(1)

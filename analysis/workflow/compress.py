@@ -95,6 +95,11 @@ def read_recipe(config: Config) -> Recipe:
         raise ConfigError("run.py compress keeps the best recovered weights by top1 on labelled evaluation images; "
                           "Global.labels is none: give the evaluation list its labels.")  # fmt: skip
     blocks = config.act_blocks
+    if "TrainConfig" not in blocks:
+        logger.warning("%s has no TrainConfig block: ACT's defaults apply (100 epochs, SGD at a constant learning rate "
+                       "of 0.02); add one (docs/recovery.md).", config.source or "the config")  # fmt: skip
+    if "Distillation" not in blocks:
+        logger.info("No Distillation block: the pruned model learns the dense model's logits (l2, ACT's default).")
     return Recipe(read_train_config(blocks.get("TrainConfig")), read_distillation(blocks.get("Distillation")))
 
 
