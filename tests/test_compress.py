@@ -19,6 +19,8 @@ import torch
 import yaml
 
 from analysis.config import load_config
+from analysis.engine.evaluate import evaluate
+from analysis.inputs.build import build_inputs
 from analysis.io import sidecar as schema
 from analysis.workflow.compress import CompressResult, run_compress
 from analysis.workflow.report import write_report_files
@@ -27,10 +29,10 @@ from helpers import REPO, CliResult, assert_user_error
 
 ACT = REPO / "configs" / "act" / "digits_resnet_prune_dis.yaml"
 # a quick slice: one analysed ratio; BatchNorm re-estimated on 256 images; 12 steps of 64 images, evaluated every 6 on
-# the 450 validation images
+# 200 of the validation images
 SETTINGS = ["SensitivityAnalysis.pruned_ratios=[0.3]", "SensitivityAnalysis.report=false", "Recovery.batch_size=64",
             "TrainConfig.train_iter=12", "TrainConfig.eval_iter=6", "TrainConfig.origin_metric=null",
-            "Global.calib_samples=256"]  # fmt: skip
+            "Global.calib_samples=256", "Global.max_samples=200"]  # fmt: skip
 
 
 def act_config(folder: Path) -> Path:
@@ -107,10 +109,13 @@ def test_a_rerun_resumes_from_the_last_checkpoint_to_the_same_result(compressed:
     folder, first = compressed
     again = run_compress(load_config(folder / "act.yaml", SETTINGS), progress=False)
     assert again.recovery.resumed_from == 12 and again.recovered == first.recovered
-    fresh_folder = folder / "fresh"
-    fresh = run_compress(load_config(folder / "act.yaml", [*SETTINGS, f"Recovery.output_dir={fresh_folder}",
-                                                           "TrainConfig.train_iter=2"]), progress=False)  # fmt: skip
-    assert fresh.recovery.resumed_from is None and fresh.recovery.steps == 2  # another recipe: its own folder
+    assert (
+        again.recovered
+        == evaluate(
+            torch.load(first.exported["model"], weights_only=False).eval(),
+            build_inputs(load_config(folder / "act.yaml", SETTINGS)).loader,
+        ).metrics()
+    )
 
 
 def test_a_checkpoint_of_another_recipe_is_refused(compressed: tuple[Path, CompressResult], cli: Any) -> None:
@@ -140,7 +145,8 @@ def test_two_cpu_processes_under_torchrun_give_the_one_process_result(
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([*launcher, str(REPO / "run.py"), "compress", "--config_path", str(config), "--quiet",
-                           *SETTINGS], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+                           *SETTINGS, "SensitivityAnalysis.export_onnx=false"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("top1: dense") == 1  # the first process prints
     sidecar = schema.load(tmp_path / "sensitivity.pkl")

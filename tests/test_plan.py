@@ -269,7 +269,7 @@ def test_demo_plan_verified_and_exported(
     config_path = Path("configs/demo") / config_name
     analysis_file, export_dir = tmp_path / "s.pkl", tmp_path / "export"
     overrides = [f"SensitivityAnalysis.analysis_file={analysis_file}", "SensitivityAnalysis.pruned_ratios=[0.3,0.6]",
-                 "Global.max_samples=200", "Global.calib_samples=256"]  # fmt: skip
+                 "Global.max_samples=100", "Global.calib_samples=256"]  # fmt: skip
     result = cli("plan", "--config_path", config_path, "--target_macs_reduction", "0.4", "--verify", "--export_dir",
                  export_dir, *overrides)  # fmt: skip
     assert result.code == 0, result.err
