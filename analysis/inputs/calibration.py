@@ -139,16 +139,33 @@ def resolve_calibration(cfg: GlobalConfig) -> CalibrationSource | None:
             f"Global.calib_list {path} does not exist; name a list file or a folder of class folders holding "
             "training images (relative paths are read from Global.data_dir)."
         )
-    train_list = _under_data_dir(cfg.data_dir, cfg.val_list).parent / DEFAULT_TRAIN_LIST
-    if train_list.is_file():
-        return CalibrationSource(train_list, "list", explicit=False)
-    train_folder = _under_data_dir(cfg.data_dir, DEFAULT_TRAIN_FOLDER)
-    if train_folder.is_dir() and has_subfolders(train_folder):
-        return CalibrationSource(train_folder, "folder", explicit=False)
+    found = find_default_training_images(cfg.data_dir, cfg.val_list)
+    if found is not None:
+        return CalibrationSource(*found, explicit=False)
+    train_list, train_folder = default_training_paths(cfg.data_dir, cfg.val_list)
     logger.info(
         "No calibration images found (neither %s nor %s/<class>/ exists); to re-estimate BatchNorm statistics, "
         "name a list file or a folder of training images in Global.calib_list.", train_list, train_folder,
     )  # fmt: skip
+    return None
+
+
+def default_training_paths(data_dir: str | Path, val_list: str) -> tuple[Path, Path]:
+    """Where training images are looked for when none are named: ``train_list.txt`` beside the evaluation list
+    (PaddleSlim's ImageNet reader), then ``data_dir/train/<class>/`` (torchvision's ImageFolder)."""
+    return _under_data_dir(data_dir, val_list).parent / DEFAULT_TRAIN_LIST, _under_data_dir(
+        data_dir, DEFAULT_TRAIN_FOLDER
+    )
+
+
+def find_default_training_images(data_dir: str | Path, val_list: str) -> tuple[Path, str] | None:
+    """The first of :func:`default_training_paths` that exists, with its layout (``list`` or ``folder``); None for
+    neither. Calibration and recovery's training images share this rule."""
+    train_list, train_folder = default_training_paths(data_dir, val_list)
+    if train_list.is_file():
+        return train_list, "list"
+    if train_folder.is_dir() and has_subfolders(train_folder):
+        return train_folder, "folder"
     return None
 
 

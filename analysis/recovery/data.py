@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from analysis.config import Config
 from analysis.errors import DataError, printable
+from analysis.inputs.calibration import default_training_paths, find_default_training_images
 from analysis.inputs.data import (
     INTERPOLATION_MODES,
     CollateImages,
@@ -36,14 +37,11 @@ from analysis.inputs.data import (
     Sample,
     check_files_exist,
     default_num_workers,
-    has_subfolders,
     read_sample_list,
     rgb_image,
     scan_image_folder,
 )
 
-DEFAULT_TRAIN_LIST = "train_list.txt"
-DEFAULT_TRAIN_FOLDER = "train"
 CROP_ATTEMPTS = 10
 
 
@@ -81,14 +79,12 @@ def find_train_source(config: Config, labelled: bool) -> TrainSource:
             raise DataError(f"Recovery.train_list {printable(path)} does not exist; name a list file or a folder of "
                             "class folders holding the training images (relative to Global.data_dir).")  # fmt: skip
     else:
-        beside_val = (Path(g.val_list) if Path(g.val_list).is_absolute() else root / g.val_list).parent
-        path = beside_val / DEFAULT_TRAIN_LIST
-        if not path.is_file():
-            path = root / DEFAULT_TRAIN_FOLDER
-            if not (path.is_dir() and has_subfolders(path)):
-                listed = printable(beside_val / DEFAULT_TRAIN_LIST)
-                raise DataError(f"No training images for run.py compress: neither {listed} nor {printable(path)}/"
-                                "<class>/ exists; name them in Recovery.train_list.")  # fmt: skip
+        found = find_default_training_images(root, g.val_list)
+        if found is None:
+            listed, folder = (printable(candidate) for candidate in default_training_paths(root, g.val_list))
+            raise DataError(f"No training images for run.py compress: neither {listed} nor {folder}/<class>/ exists; "
+                            "name them in Recovery.train_list.")  # fmt: skip
+        path = found[0]
     if path.is_dir():
         samples, layout = scan_image_folder(path), f"ImageFolder {path}"
     else:

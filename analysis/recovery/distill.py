@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from analysis.errors import ConfigError, did_you_mean, printable
-from analysis.recovery.act import DistillSettings
+from analysis.recovery.act import DISTILL_LOSSES, DistillSettings
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -68,7 +68,9 @@ def skd(teacher: torch.Tensor, student: torch.Tensor) -> torch.Tensor:
     return -(normalised(teacher).softmax(1) * normalised(student).log_softmax(1)).sum(1).mean()
 
 
-LOSSES: dict[str, LossFunction] = {"l2": l2, "soft_label": soft_label, "dkd": dkd, "skd": skd}
+LOSSES: dict[str, LossFunction] = dict(zip(DISTILL_LOSSES, (l2, soft_label, dkd, skd), strict=True))
+"""The loss of each name ``Distillation.loss`` accepts (:data:`~analysis.recovery.act.DISTILL_LOSSES`, in its
+order: a name added there without a function here fails at import)."""
 
 
 def check_nodes(model: nn.Module, settings: DistillSettings) -> None:
