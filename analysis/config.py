@@ -647,7 +647,10 @@ def _act_blocks(raw: Mapping[str, Any], overrides: Mapping[str, dict[str, Any]])
     blocks = {name: copy.deepcopy(raw[name]) for name in COMPRESS_BLOCKS if name in raw}
     for name, layer in overrides.items():
         block = blocks.get(name)
-        blocks[name] = block = block if isinstance(block, dict) else {}
+        if block is not None and not isinstance(block, dict):  # an override would drop it silently: refuse it
+            raise ConfigError(f"{name} must be a mapping of keys, not a {type(block).__name__}; fix the file's block "
+                              f"before overriding {name} keys.")  # fmt: skip
+        blocks[name] = block = block if block is not None else {}
         _deep_update(block, layer)
     return blocks
 

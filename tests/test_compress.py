@@ -20,9 +20,9 @@ import yaml
 
 from analysis.config import load_config
 from analysis.engine.evaluate import evaluate
-from analysis.inputs.build import build_inputs
+from analysis.inputs.build import Inputs, build_inputs
 from analysis.io import sidecar as schema
-from analysis.workflow.compress import CompressResult, run_compress
+from analysis.workflow.compress import CompressResult, _Run, run_compress
 from analysis.workflow.report import write_report_files
 
 from helpers import REPO, CliResult, assert_user_error
@@ -168,3 +168,20 @@ def test_an_unwritable_output_dir_is_refused_before_anything_loads(tmp_path: Pat
     result = cli("compress", "--config_path", path, f"Recovery.output_dir={tmp_path / 'taken' / 'compress'}")
     assert_user_error(result, r"Recovery\.output_dir")
     assert not (tmp_path / "sensitivity.pkl").exists()
+
+
+def test_evaluations_run_under_the_configs_numerics(tmp_path: Path) -> None:
+    """The dense, one-shot, re-estimated and recovery evaluations use Global.numerics, as the analysis does."""
+    seen: list[bool] = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            seen.append(torch.is_autocast_enabled("cpu"))
+            return torch.zeros(images.shape[0], 10).index_fill(1, torch.tensor([0]), 1.0)
+
+    batches = [(torch.zeros(2, 3, 4, 4), torch.zeros(2, dtype=torch.long))]
+    for mode, autocast in (("bf16", True), ("exact", False)):
+        config = load_config(act_config(tmp_path), [f"Global.numerics={mode}"])
+        inputs = Inputs(Probe(), batches, torch.zeros(1, 3, 4, 4))  # type: ignore[arg-type]  # any batches evaluate
+        assert _Run(config, inputs, False).measure(Probe(), "probe")["top1"] == 1.0
+        assert seen.pop() is autocast

@@ -140,6 +140,8 @@ def test_overrides_set_act_keys_on_the_command_line(list_data: Path) -> None:
     assert raw["TrainConfig"] == {"epochs": 3, "eval_iter": 9}  # the file's data is left as it was
     with pytest.raises(ConfigError, match=r"unknown section 'TrainConfg' \(did you mean 'TrainConfig'\?\)"):
         config_from_data(raw, list_data / "c.yaml", ["TrainConfg.epochs=1"])
+    with pytest.raises(ConfigError, match=r"^TrainConfig must be a mapping of keys, not a int; fix the file's block"):
+        config_from_data({**raw, "TrainConfig": 5}, list_data / "c.yaml", ["TrainConfig.epochs=1"])
 
 
 # ---- the losses of paddleslim.dist --------------------------------------------------------------------------------

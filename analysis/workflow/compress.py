@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from analysis.inputs import arguments
 from analysis.inputs.build import Inputs, build_inputs
 from analysis.inputs.data import Preprocess
 from analysis.inputs.model_preprocessing import with_model_preprocessing
+from analysis.inputs.numerics import numerics
 from analysis.io import sidecar as schema
 from analysis.io.fingerprint import json_fingerprint, model_fingerprint
 from analysis.io.lock import exclusive
@@ -43,7 +45,7 @@ from analysis.scale.distributed import agree
 from analysis.structure.physical import jointly_pruned_copy
 from analysis.workflow.export import write_export
 from analysis.workflow.job import run_job
-from analysis.workflow.plan import Planned, budgets, config_argument, make_plan
+from analysis.workflow.plan import Planned, budgets, config_argument, dense_metrics, make_plan
 
 logger = logging.getLogger(__name__)
 
@@ -129,8 +131,7 @@ def run_compress(
     progress = arguments.optional(arguments.flag, "progress", progress)
     recipe = read_recipe(config)
     run = _Run(config, inputs or build_inputs(config, progress, calibration=True), progress)
-    planned, removals = _planned_on_leader(run, ratios_file)
-    dense = run.measure(run.inputs.model, "dense")
+    planned, removals, dense = _planned_on_leader(run, ratios_file)
     check_origin_metric(recipe.train, dense)
     model, example = run.inputs.model, run.inputs.example_input
     pruned = jointly_pruned_copy(model, removals, example)
@@ -181,37 +182,46 @@ class _Run:
         assert self.config.SensitivityAnalysis.analysis_file is not None
         return Path(self.config.SensitivityAnalysis.analysis_file)
 
+    def numerics(self) -> AbstractContextManager[None]:
+        """The arithmetic of every evaluation: ``Global.numerics``, as the analysis and ``run.py plan`` evaluate."""
+        return numerics(self.config.Global.numerics, self.inputs.example_input.device)
+
     def measure(self, candidate: nn.Module, desc: str) -> dict[str, float]:
         """The metrics of ``candidate`` (put in eval mode) on the evaluation images."""
         candidate.eval()
-        return evaluate(candidate, self.inputs.loader, progress=self.progress, desc=desc).metrics()
+        with self.numerics():
+            return evaluate(candidate, self.inputs.loader, progress=self.progress, desc=desc).metrics()
 
 
 Removals = list[tuple[str, list[int]]]
 
 
-def _planned_on_leader(run: _Run, ratios_file: str | Path | None) -> tuple[Planned | None, Removals]:
-    """The analysis (or its resume) and the plan, on the first process alone; every process gets its removals.
+def _planned_on_leader(run: _Run, ratios_file: str | Path | None) -> tuple[Planned | None, Removals, dict[str, Any]]:
+    """The analysis (or its resume), the plan and the dense model's metrics (the analysis's baseline where it was
+    measured on these images), on the first process alone; every process gets the removals and the metrics.
 
     Under torchrun the other processes wait, and a user error of the first stops them all with its message.
     """
-    planned, removals, error = None, None, None
+    planned, shared, error = None, None, None
     if _leader():
         try:
             run_job(run.config, progress=run.progress, inputs=run.inputs)
-            planned = _plan(run, ratios_file, load_record(run.analysis_file))
-            removals = [(name, list(channels)) for name, channels in planned.result.plan.removals()]
+            record = load_record(run.analysis_file)
+            planned = _plan(run, ratios_file, record)
+            with run.numerics():
+                dense = dense_metrics(run.inputs, record, run.progress)
+            shared = ([(name, list(channels)) for name, channels in planned.result.plan.removals()], dense)
         except UserError as caught:
             if not dist.is_initialized():
                 raise
             error = caught
     if dist.is_initialized():
         agree(error)
-        shared = [removals]
-        dist.broadcast_object_list(shared, src=0)
-        removals = shared[0]
-    assert removals is not None
-    return planned, removals
+        sent = [shared]
+        dist.broadcast_object_list(sent, src=0)
+        shared = sent[0]
+    assert shared is not None
+    return planned, *shared
 
 
 def _plan(run: _Run, ratios_file: str | Path | None, record: AnalysisRecord) -> Planned:

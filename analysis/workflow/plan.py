@@ -316,12 +316,12 @@ def _evaluation(
     if metric in LABEL_FREE_METRICS:
         scoring = PassMetrics(metric, labelled=config.Global.labels != "none")
         return fidelity_evaluator(scoring, inputs.model, inputs.loader, inputs.example_input.device)
-    return _baseline(inputs, record, progress), lambda m: evaluate(
+    return dense_metrics(inputs, record, progress), lambda m: evaluate(
         m, inputs.loader, progress=progress, desc="verify"
     ).metrics()
 
 
-def _baseline(inputs: Inputs, record: AnalysisRecord, progress: bool | None) -> dict[str, Any]:
+def dense_metrics(inputs: Inputs, record: AnalysisRecord, progress: bool | None) -> dict[str, Any]:
     """The dense model's metrics on this data: the analysis's baseline when it was measured on the same data."""
     stored = record.baseline
     data = record.fingerprint.data if record.fingerprint is not None else None
