@@ -62,9 +62,10 @@ from analysis.recovery.train import RecoveryJob, recover  # noqa: E402
 from analysis.workflow.compress import run_compress  # noqa: E402
 
 RANDOM_BUT_STABLE = {"resnet": {"zero_init_residual": True}}
-"""Random ResNets start with identity residual branches (torchvision's option): otherwise the activations of a deep
-one grow block after block until its logits overflow and every loss is NaN."""
-LEARNING_RATE = 0.01  # --lr sets it (a deep random network may need less: its distillation loss is large)
+"""Random ResNets start with identity residual branches (torchvision's option): without it a random ResNet-152's
+distillation loss was NaN within 9 steps on the H200 even at learning rate 1e-5; with it, 20 steps at 0.01 stayed
+finite."""
+LEARNING_RATE = 0.01  # --lr sets it
 
 
 def synchronise(device: torch.device) -> None:
