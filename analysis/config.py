@@ -61,7 +61,8 @@ METRIC_MODES = ("relative", "absolute")
 GRANULARITIES = ("filter", "element")
 UNIT_KINDS = ("conv", "linear", "heads")
 """Kinds of prunable unit: conv filters (Conv1d/2d/3d), Linear neurons, attention heads."""
-PLAN_METHODS = ("knapsack", "measured")
+PLAN_METHODS = ("knapsack", "measured", "recovered")
+SEARCHED_PLAN_METHODS = ("measured", "recovered")  # methods that measure whole plans (the measured search)
 
 # Blocks of PaddleSlim ACT compression configs. They configure training-time compression, which the analysis does
 # not run, so it accepts them and reports them as ignored (ChannelPrune lends two defaults, see _split_blocks);
@@ -456,7 +457,9 @@ class SensitivityConfig:
     plan_method: str = setting(
         "knapsack",
         doc="`knapsack`: the smallest summed single-layer loss; `measured`: start there and improve with joint "
-        "evaluations (all groups pruned at once, BatchNorm re-estimated), see [Budget plans](../plans.md)",
+        "evaluations (all groups pruned at once, BatchNorm re-estimated), see [Budget plans](../plans.md); "
+        "`recovered`: the measured search, its finalists then each recovered for `Recovery.probe_steps` steps "
+        "and the best kept, see [Recover the pruned model](../recovery.md)",
     )
     eval_budget: int | None = setting(
         None,
@@ -532,6 +535,11 @@ class RecoveryConfig:
     )
     resume: bool = setting(
         True, doc="continue from `output_dir`'s last checkpoint when it belongs to the same plan and recipe"
+    )
+    probe_steps: int = setting(
+        100,
+        doc="training steps of each finalist's brief recovery under `plan_method: recovered` (the recipe of "
+        "`TrainConfig` and `Distillation` with `train_iter` set to this, the same batches for every finalist)",
     )
 
 
@@ -832,6 +840,8 @@ def validate_recovery(r: RecoveryConfig) -> None:
         raise ConfigError(f"Recovery.label_loss_weight must be 0 or more, got {r.label_loss_weight}.")
     if r.seed is not None and not SEED_RANGE[0] <= r.seed <= SEED_RANGE[1]:
         raise ConfigError(f"Recovery.seed must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}, got {r.seed}.")
+    if r.probe_steps < 1:
+        raise ConfigError(f"Recovery.probe_steps must be 1 or more training steps, got {r.probe_steps}.")
 
 
 def check_arch_text(g: GlobalConfig) -> None:
@@ -1084,10 +1094,10 @@ def validate_label_free(g: GlobalConfig, s: SensitivityConfig) -> None:
         )
     budget = any(value is not None for value in (s.target_macs_reduction, s.target_params_reduction,
                                                   s.target_latency_reduction, s.target_latency_ms))  # fmt: skip
-    if s.plan_method == "measured" and budget:
+    if s.plan_method in SEARCHED_PLAN_METHODS and budget:
         raise ConfigError(
-            "SensitivityAnalysis.plan_method: measured scores plans on top1 and cross-entropy against labels, which "
-            "Global.labels: none turns off; use plan_method: knapsack, or give the list file labels."
+            f"SensitivityAnalysis.plan_method: {s.plan_method} scores plans on top1 and cross-entropy against labels, "
+            "which Global.labels: none turns off; use plan_method: knapsack, or give the list file labels."
         )
 
 

@@ -6,13 +6,16 @@ For each demo model the 450 validation images are split by line, alternately: th
 the measured method's search and recovery's best-checkpoint choice see; the odd lines (225 images) score every
 figure here (held out). At each MACs budget the plans are:
 
-* our **knapsack** (``run.py plan``) and **measured** (``--method measured``) plans;
+* our **knapsack** (``run.py plan``), **measured** (``--method measured``) and **recovered** (``--method
+  recovered``: the measured search's finalists each recovered for ``--probe-steps`` steps of this recipe, data seed 0,
+  the best on the seen half kept) plans;
 * a **uniform** ratio for every analysed group (our channel ranking), the smallest reaching the budget;
 * **Torch-Pruning global** and **local** magnitude pruning (``MetaPruner`` with group L1 importance, its own channel
   choice), the pruning ratio searched until the budget is reached.
 
 Each plan is pruned physically (``jointly_pruned_copy``), scored at once (**one-shot**), after BatchNorm
-re-estimation on 1,024 training images (**BN**), and after recovery by ``run.py compress``'s own loop
+re-estimation on 1,024 training images (**BN**), after the recovered method's probe (**probe**: ``--probe-steps``
+steps, data seed 0), and after recovery by ``run.py compress``'s own loop
 (:func:`analysis.recovery.train.recover`) for each ``--epochs`` length and ``--seeds`` seed: distillation from the
 dense model as ACT's prune_dis example configures it (l2 on the logits, Momentum, cosine learning rate), at a tenth
 of the demo's training learning rate (0.005), batch 64, the demo's augmentation (crops of 60-100% of the image, no
@@ -20,6 +23,11 @@ flip), weight decay 5e-4. Each seed fixes the data order and augmentation, so ev
 
     python benchmarks/bench_recovery.py                                  # both demos, 50% and 65%, 3 epochs, 2 seeds
     python benchmarks/bench_recovery.py --epochs 3 10 --seeds 0 1
+    python benchmarks/bench_recovery.py --finalists      # also recover every finalist of the recovered method
+
+``--finalists`` asks whether the probe ranks the measured search's finalists as the longest recovery does: each
+finalist's top1 in the search's full setting (BatchNorm re-estimated, seen half: what ``measured`` chooses by) and
+after the probe (seen half: what ``recovered`` chooses by), against its held-out top1 after each recovery length.
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ from analysis.engine.evaluate import evaluate  # noqa: E402
 from analysis.inputs.build import Inputs, build_inputs  # noqa: E402
 from analysis.inputs.data import EvalLoader, Preprocess, build_eval_loader  # noqa: E402
 from analysis.planning.measured import PlanScoring, SearchSettings, build_measured_plan  # noqa: E402
-from analysis.planning.plan import build_plan, open_planner  # noqa: E402
+from analysis.planning.plan import Plan, build_plan, open_planner  # noqa: E402
 from analysis.recovery.act import read_distillation, read_train_config  # noqa: E402
 from analysis.recovery.data import Sharding, build_train_batches  # noqa: E402
 from analysis.recovery.train import RecoveryJob, recover  # noqa: E402
@@ -60,10 +68,15 @@ from analysis.structure.flops import count_cost  # noqa: E402
 from analysis.structure.groups import eval_mode  # noqa: E402
 from analysis.structure.physical import jointly_pruned_copy  # noqa: E402
 from analysis.workflow.job import run_job  # noqa: E402
+from analysis.workflow.probe import RecoveryProbe  # noqa: E402
+from analysis.workflow.recipe import Recipe, run_identity  # noqa: E402
 
 RECIPE = {"learning_rate": {"type": "CosineAnnealingDecay", "learning_rate": 0.005},
           "optimizer_builder": {"optimizer": {"type": "Momentum"}, "weight_decay": 5e-4}}  # fmt: skip
 RECOVERY = {"Recovery.batch_size": 64, "Recovery.crop_scale": [0.6, 1.0], "Recovery.hflip": 0.0}
+# --recipe: what the student learns from. kd: l2 on the dense model's logits (ACT's prune_dis example); ce: the labels
+# only (cross-entropy, as the demo models were trained), the distillation term weighted 0.
+RECIPES = {"kd": ({"loss": "l2"}, 0.0), "ce": ({"loss": "l2", "alpha": 0.0}, 1.0)}
 
 
 @dataclass
@@ -78,6 +91,23 @@ class Row:
     bn: float
     recovered: dict[str, list[float]] = field(default_factory=dict)  # "<epochs>" -> top1 per seed
     seconds: dict[str, float] = field(default_factory=dict)  # plan, and "<epochs>" -> recovery seconds per seed
+    probe: float = float("nan")  # after the probe's brief recovery
+    finalists: list[dict[str, Any]] = field(default_factory=list)  # --finalists: each finalist's figures
+
+
+class RecordingProbe:
+    """A probe that keeps the removals of every plan it scored, in order (the finalists of a search)."""
+
+    def __init__(self, probe: RecoveryProbe) -> None:
+        self.probe, self.calls = probe, []  # type: ignore[var-annotated]
+
+    @property
+    def setting(self) -> str:
+        return self.probe.setting
+
+    def score(self, removals: Removals) -> dict[str, float]:
+        self.calls.append(removals)
+        return self.probe.score(removals)
 
 
 def split_lists(config: Config, folder: Path) -> tuple[Path, Path]:
@@ -109,19 +139,45 @@ def top1(model: torch.nn.Module, loader: EvalLoader) -> float:
     return evaluate(model, loader, progress=False).top1
 
 
+def probe_of(config: Config, inputs: Inputs, steps: int, recipe: str) -> RecoveryProbe:
+    """The recovered method's probe with this benchmark's recipe: ``steps`` steps, data seed 0."""
+    seeded = derive(config, {**RECOVERY, "Recovery.seed": 0, "Recovery.probe_steps": steps})
+    preprocess = Preprocess.from_config(seeded.Global)
+    distill, label_weight = RECIPES[recipe]
+    seeded = derive(seeded, {"Recovery.label_loss_weight": label_weight})
+    batches = build_train_batches(seeded, preprocess, labelled=label_weight > 0, sharding=Sharding())
+    train = read_train_config({**RECIPE, "train_iter": steps, "eval_iter": steps, "logging_iter": steps})
+    probe_recipe = Recipe(train, read_distillation(distill))
+    identity = run_identity(seeded, inputs, probe_recipe, batches, preprocess, bench=recipe)
+    return RecoveryProbe(seeded, inputs, probe_recipe, batches, preprocess, identity)
+
+
 def plans(
-    inputs: Inputs, analysis_file: str, budget: float, eval_budget: int | None
+    inputs: Inputs,
+    analysis_file: str,
+    budget: float,
+    eval_budget: int | None,
+    probe: RecordingProbe,
+    made: dict[str, Any],
 ) -> dict[str, Callable[[], Removals]]:
-    """How each method makes its removals at ``budget``."""
+    """How each method makes its removals at ``budget`` (the recovered plan's search summary is put in ``made``)."""
     model, example = inputs.model, inputs.example_input
     planner, options = open_planner(model, example, analysis_file)
     calibration = inputs.calibration.loader if inputs.calibration is not None else None
     scoring = PlanScoring.from_loaders(inputs.loader, calibration, 256, 0)
+    probed = dataclasses.replace(scoring, probe=probe)
+    settings = SearchSettings(evaluations=eval_budget)
+
+    def searched(plan: Plan) -> Removals:
+        made["recovered"] = plan.search
+        return plan.removals()
+
     return {
         "knapsack": lambda: build_plan(model, example, analysis_file, budget).removals(),
-        "measured": lambda: build_measured_plan(model, example, analysis_file, budget, scoring,
-                                                settings=SearchSettings(evaluations=eval_budget),
+        "measured": lambda: build_measured_plan(model, example, analysis_file, budget, scoring, settings=settings,
                                                 progress=False).removals(),
+        "recovered": lambda: searched(build_measured_plan(model, example, analysis_file, budget, probed,
+                                                          settings=settings, progress=False)),
         "uniform": lambda: uniform_removals(planner, options, budget),
         "Torch-Pruning global": lambda: torch_pruning_global(planner, budget),
         "Torch-Pruning local": lambda: torch_pruning_global(planner, budget, global_pruning=False),
@@ -129,14 +185,15 @@ def plans(
 
 
 def recovered(
-    config: Config, inputs: Inputs, pruned: torch.nn.Module, epochs: int, seed: int, folder: Path
+    config: Config, inputs: Inputs, pruned: torch.nn.Module, epochs: int, seed: int, folder: Path, recipe: str = "kd"
 ) -> tuple[torch.nn.Module, float]:
     """``pruned`` recovered for ``epochs`` with the data of ``seed`` (a copy), and the seconds it took."""
     seeded = derive(config, {**RECOVERY, "Recovery.seed": seed})
     preprocess = Preprocess.from_config(seeded.Global)
-    batches = build_train_batches(seeded, preprocess, labelled=False, sharding=Sharding())
+    distill, label_weight = RECIPES[recipe]
+    batches = build_train_batches(seeded, preprocess, labelled=label_weight > 0, sharding=Sharding())
     train = read_train_config({**RECIPE, "epochs": epochs, "eval_iter": batches.steps_per_epoch})
-    job = RecoveryJob(train, read_distillation({"loss": "l2"}), "fp32", 0.0, folder, f"{epochs}-{seed}", preprocess,
+    job = RecoveryJob(train, read_distillation(distill), "fp32", label_weight, folder, f"{epochs}-{seed}", preprocess,
                       resume=False, progress=False)  # fmt: skip
     student = copy.deepcopy(pruned)
     torch.manual_seed(seed)
@@ -164,7 +221,13 @@ def bench_model(
     rows = []
     with eval_mode(model):
         for budget in args.budgets:
-            for method, make in plans(inputs, analysis_file, budget, args.eval_budget).items():
+            probe = probe_of(config, inputs, args.probe_steps, args.recipe)
+            recorder = RecordingProbe(probe)
+            heldout_probe = dataclasses.replace(probe, inputs=dataclasses.replace(inputs, loader=heldout))
+            made: dict[str, Any] = {}
+            for method, make in plans(inputs, analysis_file, budget, args.eval_budget, recorder, made).items():
+                if args.methods and method not in args.methods:
+                    continue
                 start = time.perf_counter()
                 removals = make()
                 plan_seconds = time.perf_counter() - start
@@ -175,19 +238,58 @@ def bench_model(
                 recalibrate_copy(model, pruned, removals, example, inputs.calibration.loader)
                 row = Row(model_name, budget, method, reduction, one_shot, top1(pruned, heldout))
                 row.seconds["plan"] = plan_seconds
+                row.probe = heldout_probe.score(removals)["top1"]
                 for epochs in args.epochs:
                     scores, times = [], []
                     for seed in args.seeds:
                         folder = args.out / model_name / "runs" / f"{budget}-{method}-{epochs}-{seed}".replace(" ", "_")
-                        student, seconds = recovered(config, inputs, pruned, epochs, seed, folder)
+                        student, seconds = recovered(config, inputs, pruned, epochs, seed, folder, args.recipe)
                         scores.append(top1(student, heldout))
                         times.append(seconds)
                     row.recovered[str(epochs)] = scores
                     row.seconds[str(epochs)] = statistics.mean(times)
+                if method == "recovered" and args.finalists:
+                    row.finalists = study_finalists(config, inputs, heldout, made["recovered"], recorder.calls, args,
+                                                    args.out / model_name / "runs" / f"{budget}-finalist")  # fmt: skip
                 rows.append(row)
                 keep(model_name, dense, rows)
                 print(line(row, args.epochs), flush=True)
     return rows, dense
+
+
+def study_finalists(
+    config: Config,
+    inputs: Inputs,
+    heldout: EvalLoader,
+    search: dict[str, Any],
+    calls: list[Removals],
+    args: argparse.Namespace,
+    folder: Path,
+) -> list[dict[str, Any]]:
+    """Every finalist of the recovered method's search: its top1 in the search's full setting and after the probe (the
+    seen half, as the two methods choose), and held out after the longest recovery, each seed."""
+    if len(calls) != len(search["finalists"]):
+        print(f"  finalists: the probe's scores came from an earlier run's search log ({len(calls)} of "
+              f"{len(search['finalists'])} probed now); run with a fresh --out to study them", flush=True)  # fmt: skip
+        return []
+    model, example = inputs.model, inputs.example_input
+    studied = []
+    for index, (removals, full, probed) in enumerate(zip(calls, search["finalists"], search["probed"], strict=True)):
+        pruned = jointly_pruned_copy(model, removals, example)
+        assert inputs.calibration is not None
+        recalibrate_copy(model, pruned, removals, example, inputs.calibration.loader)
+        entry: dict[str, Any] = {"name": full["name"], "bn": full["top1"], "probe": probed["top1"], "recovered": {},
+                                 "chosen": full["name"] == search["chosen"]}  # fmt: skip
+        for epochs in [max(args.epochs)]:
+            runs = [recovered(config, inputs, pruned, epochs, seed, folder / f"{index}-{epochs}-{seed}", args.recipe)[0]
+                    for seed in args.seeds]  # fmt: skip
+            entry["recovered"][str(epochs)] = [top1(student, heldout) for student in runs]
+        after = statistics.mean(entry["recovered"][str(max(args.epochs))])
+        print(f"  finalist {full['name']}{' (chosen)' if entry['chosen'] else ''}: BN {entry['bn']:.3f}, probe "
+              f"{entry['probe']:.3f} (seen half) | held out after {max(args.epochs)} epochs {after:.3f}",
+              flush=True)  # fmt: skip
+        studied.append(entry)
+    return studied
 
 
 def line(row: Row, epochs: list[int]) -> str:
@@ -195,7 +297,7 @@ def line(row: Row, epochs: list[int]) -> str:
                        for e in epochs)  # fmt: skip
     per_epoch = statistics.mean(row.seconds[str(e)] / e for e in epochs)
     return (f"| {row.model} | {row.budget:.0%} ({row.macs_reduction:.1%}) | {row.method} | {row.one_shot:.3f} | "
-            f"{row.bn:.3f} | {after} | {per_epoch:.1f} s |")  # fmt: skip
+            f"{row.bn:.3f} | {row.probe:.3f} | {after} | {per_epoch:.1f} s |")  # fmt: skip
 
 
 def _spread(values: list[float]) -> str:
@@ -218,7 +320,9 @@ def ranks(values: list[float]) -> list[float]:
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
-    """Spearman's rank correlation (Pearson's of the ranks; nan when either side is constant)."""
+    """Spearman's rank correlation (Pearson's of the ranks; nan when either side is constant or has a nan)."""
+    if any(value != value for value in (*xs, *ys)):
+        return float("nan")
     rx, ry = ranks(xs), ranks(ys)
     mx, my = statistics.mean(rx), statistics.mean(ry)
     sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
@@ -227,19 +331,31 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 
 def rank_agreement(results: dict[str, Any]) -> list[str]:
-    """Per model and budget: how well each earlier figure (one-shot, BN, a shorter recovery) ranks the plans as the
-    longest recovery does (Spearman over the plans, seeds averaged), as Markdown rows."""
+    """Per model and budget: how well each earlier figure (one-shot, BN, the probe, a shorter recovery) ranks the plans
+    as the longest recovery does (Spearman over the plans, seeds averaged), as Markdown rows; then the same over the
+    recovered method's finalists (BN and probe on the seen half, as the methods choose by)."""
     longest = str(max(results["epochs"]))
     shorter = [str(e) for e in sorted(results["epochs"]) if str(e) != longest]
-    lines = ["| " + " | ".join(["model", "budget", "one-shot", "BN", *(f"{e} epochs" for e in shorter)]) + " |"]
+    lines = ["| " + " | ".join(["plans of", "budget", "one-shot", "BN", "probe", *(f"{e} epochs" for e in shorter)])
+             + " |"]  # fmt: skip
     for model, data in results["models"].items():
         for budget in sorted({row["budget"] for row in data["rows"]}):
             rows = [row for row in data["rows"] if row["budget"] == budget]
             target = [statistics.mean(row["recovered"][longest]) for row in rows]
-            predictors = [[row["one_shot"] for row in rows], [row["bn"] for row in rows]]
+            predictors = [[row["one_shot"] for row in rows], [row["bn"] for row in rows],
+                          [row.get("probe", float("nan")) for row in rows]]  # fmt: skip
             predictors += [[statistics.mean(row["recovered"][e]) for row in rows] for e in shorter]
             cells = " | ".join(f"{spearman(values, target):+.2f}" for values in predictors)
             lines.append(f"| {model} | {budget:.0%} | {cells} |")
+            for row in rows:
+                finalists = row.get("finalists") or []
+                if len(finalists) < 2:
+                    continue
+                target = [statistics.mean(f["recovered"][longest]) for f in finalists]
+                predictors = [[f["bn"] for f in finalists], [f["probe"] for f in finalists]]
+                bn, probe = (f"{spearman(values, target):+.2f}" for values in predictors)
+                lines.append(f"| {len(finalists)} finalists, {model} | {budget:.0%} | - | {bn} | {probe} |"
+                             + " - |" * len(shorter))  # fmt: skip
     return lines
 
 
@@ -263,6 +379,19 @@ def main() -> int:
                         help="the analysis's ratios (the demo's 0.1-0.4 cannot reach 65%% fewer MACs)")  # fmt: skip
     parser.add_argument("--epochs", nargs="+", type=int, default=[3])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument(
+        "--recipe",
+        choices=sorted(RECIPES),
+        default="kd",
+        help="kd: distil the dense model's logits (l2); ce: learn the labels only",
+    )
+    parser.add_argument("--methods", nargs="+", help="only these plans (default: every one)")
+    parser.add_argument("--probe-steps", type=int, default=40, help="the recovered method's probe length")
+    parser.add_argument(
+        "--finalists",
+        action="store_true",
+        help="recover every finalist of the recovered method too (the longest --epochs only)",
+    )
     parser.add_argument("--eval-budget", type=int, default=None, help="the measured method's joint evaluations")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "bench_recovery")
     parser.add_argument("--summarise", type=Path, help="print the tables of a finished run's JSON and stop")
@@ -275,8 +404,10 @@ def main() -> int:
     print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, threads "
           f"{torch.get_num_threads()}, commit {commit.stdout.strip()}", flush=True)  # fmt: skip
     header = " | ".join(f"{e} epochs (seeds {'/'.join(map(str, args.seeds))})" for e in args.epochs)
-    print(f"| model | MACs cut | plan | one-shot | BN | {header} | recovery per epoch |", flush=True)
-    results: dict[str, Any] = {"epochs": args.epochs, "seeds": args.seeds, "models": {}}
+    print(f"| model | MACs cut | plan | one-shot | BN | probe ({args.probe_steps} steps) | {header} | recovery per "
+          "epoch |", flush=True)  # fmt: skip
+    results: dict[str, Any] = {"epochs": args.epochs, "seeds": args.seeds, "recipe": args.recipe,
+                               "probe_steps": args.probe_steps, "models": {}}  # fmt: skip
 
     def keep(model: str, dense: float, rows: list[Row]) -> None:
         results["models"][model] = {"dense": dense, "rows": [dataclasses.asdict(row) for row in rows]}

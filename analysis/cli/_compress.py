@@ -15,7 +15,8 @@ from analysis.inputs.device import resolve_device
 from analysis.io.outputs import check_config_outputs, check_output_folder
 from analysis.io.ratios_yaml import load_ratios_yaml
 from analysis.scale.distributed import from_environment, process_group, rank_device
-from analysis.workflow.compress import CompressResult, read_recipe, recovery_folder, run_compress
+from analysis.workflow.compress import CompressResult, recovery_folder, run_compress
+from analysis.workflow.recipe import read_recipe
 from analysis.workflow.report import write_report_files
 
 logger = logging.getLogger(__name__)

@@ -62,8 +62,9 @@ def build_plan_parser() -> CommandParser:
     parser.add_argument("--latency_batch", type=int, help="images per call when measuring latency (default 1)")
     parser.add_argument("--latency_round_to", type=int, help="a latency plan keeps a multiple of this many channels "
                         "per pruned group (default 8; 1: any analysed count)")  # fmt: skip
-    parser.add_argument("--method", choices=PLAN_METHODS, help="knapsack (from the sensitivity curves, default) or "
-                        "measured (improved with joint evaluations, BatchNorm re-estimated)")  # fmt: skip
+    parser.add_argument("--method", choices=PLAN_METHODS, help="knapsack (from the sensitivity curves, default), "
+                        "measured (improved with joint evaluations, BatchNorm re-estimated) or recovered (the measured "
+                        "search's finalists each recovered for Recovery.probe_steps steps, the best kept)")  # fmt: skip
     parser.add_argument(
         "--eval_budget",
         type=int,

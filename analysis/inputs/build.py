@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from analysis.config import Config
+from analysis.config import SEARCHED_PLAN_METHODS, Config
 from analysis.inputs.calibration import CalibrationSet, build_calibration_set
 from analysis.inputs.data import EvalLoader, apply_data_cache, build_eval_loader
 from analysis.inputs.device import resolve_device
@@ -73,4 +73,4 @@ def needs_calibration(config: Config) -> bool:
     """Whether the job re-estimates BatchNorm statistics: adaptive BN sensitivities, a measured plan, a verification
     (which reports raw and re-estimated numbers) or an export (which carries the re-estimated statistics)."""
     s = config.SensitivityAnalysis
-    return s.adaptive_bn or s.verify or s.export_dir is not None or s.plan_method == "measured"
+    return s.adaptive_bn or s.verify or s.export_dir is not None or s.plan_method in SEARCHED_PLAN_METHODS

@@ -20,6 +20,10 @@ joint evaluations (every group pruned at once, BatchNorm statistics re-estimated
    measured again with every calibration image; the best by the analysis's metric (top1, top5 or ce; top1 after a
    label-free analysis, see :attr:`analysis.metrics.Metric.ranked_by`; cross-entropy breaks ties) wins. The knapsack
    plan is always a finalist, so the result never measures below it.
+4. **Probe** (the ``recovered`` method, when :attr:`PlanScoring.probe` is given): every finalist is also recovered
+   briefly (the same training steps and batches for each, :class:`FinalistProbe`) and scored again; the best after
+   that probe wins, as the accuracy a user keeps is the recovered one, which the re-estimated accuracy does not
+   always rank the same way.
 
 Every evaluation is appended to the search log as it finishes (:mod:`analysis.io.search_log`, under the analysis
 file's lock). The search is deterministic, so a run that was killed retraces its steps and takes every evaluation
@@ -31,9 +35,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -103,6 +108,39 @@ class SearchSettings:
     finalists_by_top1: int = 2
 
 
+Removals = list[tuple[str, list[int]]]
+
+
+class FinalistProbe(Protocol):
+    """Scores a plan after a brief recovery (the ``recovered`` method). Planning cannot train; the workflow, which
+    can, passes one in."""
+
+    @property
+    def setting(self) -> str:
+        """The search log's setting name of its scores: identifies the probe's recipe, data and length, so a score is
+        reused only by the same probe."""
+        ...
+
+    def score(self, removals: Removals) -> dict[str, float]:
+        """The metrics (``top1`` and ``ce`` at least) of the dense model with ``removals`` pruned physically,
+        BatchNorm re-estimated and briefly recovered."""
+        ...
+
+
+class _ProbeEvaluator:
+    """A probe as the search measures plans: by picks, with their exact cost."""
+
+    def __init__(self, planner: Planner, probe: FinalistProbe) -> None:
+        self.planner, self.probe = planner, probe
+
+    def score(self, picks: Mapping[str, tuple[str, int]]) -> JointScore:
+        start = time.perf_counter()
+        removals = self.planner.removals(picks.values())
+        metrics = self.probe.score([(name, list(channels)) for name, channels in removals])
+        cost = self.planner.picks_cost(picks.values())
+        return JointScore(metrics, cost.macs, cost.params, time.perf_counter() - start)
+
+
 @dataclass
 class Scored:
     """A plan and what it measured in one setting."""
@@ -136,6 +174,8 @@ class SearchResult:
     reused: int
     accepted: int
     summary: dict[str, Any] = field(default_factory=dict)
+    probed: list[Scored] = field(default_factory=list)
+    """The finalists after the probe's brief recovery (the ``recovered`` method), in the finalists' order."""
 
 
 class MeasuredSearch:
@@ -148,6 +188,8 @@ class MeasuredSearch:
         target: The reduction of ``planner.measure`` to reach (other budgets: :attr:`Planner.also`).
         search: Evaluates plans in the search setting (calibration subset).
         full: Evaluates plans in the full setting (every calibration image).
+        probe: Recovers each finalist briefly and scores it (the ``recovered`` method); None: the finalists' full
+            setting decides.
         log: Where evaluations are stored and found again.
         settings: Budget and step sizes.
         progress: Show a progress bar (None: on a terminal).
@@ -165,12 +207,16 @@ class MeasuredSearch:
         settings: SearchSettings,
         progress: bool | None = None,
         ranked_by: Metric = METRICS["top1"],
+        probe: FinalistProbe | None = None,
     ) -> None:
         self.planner, self.target, self.settings, self.ranked_by = planner, target, settings, ranked_by
         self.options = {group.key: group for group in options}
         self.keys = list(self.options)
         self.starts = dict(starts)
-        self.evaluators = {"search": search, "full": full}
+        self.evaluators: dict[str, Any] = {"search": search, "full": full}
+        self.probe_setting = None if probe is None else probe.setting
+        if probe is not None:
+            self.evaluators["probe"] = _ProbeEvaluator(planner, probe)
         self.log = log
         self.progress = progress
         self.counts = {key: [choice.count for choice in group.choices] for key, group in self.options.items()}
@@ -187,12 +233,14 @@ class MeasuredSearch:
     # ---------------------------------------------------------------------------------------------- evaluation
 
     def measure(self, name: str, picks: Picks, setting: str = "search") -> Scored:
-        """Measure ``picks`` in ``setting`` (or take the stored measurement)."""
-        score = self.log.get(setting, picks)
+        """Measure ``picks`` in ``setting`` (``search``, ``full`` or ``probe``; or take the stored measurement)."""
+        logged = self.probe_setting if setting == "probe" else setting
+        assert logged is not None
+        score = self.log.get(logged, picks)
         if score is None:
             score = self.evaluators[setting].score(picks)
-            self.log.add(setting, picks, score)
-        elif self.log.from_earlier_run(setting, picks):
+            self.log.add(logged, picks, score)
+        elif self.log.from_earlier_run(logged, picks):
             self.reused += 1
         if setting == "search":
             self.evaluated += 1
@@ -243,11 +291,27 @@ class MeasuredSearch:
                     bar.set_postfix(ce=f"{-current.search_key[0]:.4f}", refresh=False)
         finalists = self._finalists(current, starts, archive)
         best = max(finalists, key=lambda s: s.final_key)
+        probed = self._probe(finalists)
+        if probed:
+            chosen = SearchLog.plan(max(probed, key=lambda s: s.final_key).picks)
+            best = next(s for s in finalists if SearchLog.plan(s.picks) == chosen)
         knapsack_plan = SearchLog.plan(self.starts["knapsack"])
         knapsack = next(s for s in finalists if SearchLog.plan(s.picks) == knapsack_plan)
-        result = SearchResult(best, knapsack, finalists, self.evaluated, self.reused, picker.accepted)
+        result = SearchResult(best, knapsack, finalists, self.evaluated, self.reused, picker.accepted, probed=probed)
         result.summary = self._summary(result)
         return result
+
+    def _probe(self, finalists: Sequence[Scored]) -> list[Scored]:
+        """Every finalist after the probe's brief recovery (none without a probe)."""
+        if self.probe_setting is None:
+            return []
+        probed = []
+        with progress_bar(self.progress, total=len(finalists), desc="recovery probes", unit="plan") as bar:
+            for finalist in finalists:
+                probed.append(self.measure(finalist.name, finalist.picks, setting="probe"))
+                bar.update(1)
+                bar.set_postfix(top1=f"{probed[-1].score.metrics['top1']:.4f}", refresh=False)
+        return probed
 
     def _measure_starts(self, bar: tqdm) -> list[Scored]:
         """Measure every distinct start (the knapsack plan always, the others while the budget lasts)."""
@@ -358,6 +422,7 @@ class MeasuredSearch:
             "accepted_trades": result.accepted,
             "starts": list(self.starts),
             "finalists": [brief(s) for s in result.finalists],
+            **({"probed": [brief(s) for s in result.probed], "probe": self.probe_setting} if result.probed else {}),
             "chosen": result.best.name,
             "knapsack": brief(result.knapsack),
             "settings": {**dataclasses.asdict(self.settings), "evaluations": self.evaluations},
@@ -423,6 +488,7 @@ class PlanScoring:
         calibration: Calibration batches of the finalists; None keeps the dense model's BatchNorm statistics.
         search_calibration: Calibration batches of the search (a subset of ``calibration``).
         calibration_fingerprint: Identifies both calibration sets (evaluations are reused only with them).
+        probe: Recovers every finalist briefly, and the best after that is chosen (the ``recovered`` method).
     """
 
     data: Iterable[Any]
@@ -430,6 +496,7 @@ class PlanScoring:
     calibration: Iterable[Any] | None = None
     search_calibration: Iterable[Any] | None = None
     calibration_fingerprint: str | None = None
+    probe: FinalistProbe | None = None
 
     @classmethod
     def from_loaders(
@@ -512,7 +579,7 @@ def search_plan(
     metric = sidecar.settings.metric_name
     ranked_by = METRICS[metric_named(metric).ranked_by] if metric in METRICS else METRICS["top1"]
     measured_search = MeasuredSearch(planner, options, starts, target, search, full, log, settings, progress,
-                                     ranked_by)  # fmt: skip
+                                     ranked_by, scoring.probe)  # fmt: skip
     result = measured_search.run()
     log.copy_to_sidecar()
     baseline = sidecar.baseline or {}
@@ -527,5 +594,6 @@ def search_plan(
         for group in options
         for param, count in [result.best.picks[group.key]]
     }  # fmt: skip
-    return planner.plan(options, choices, target, predicted, knapsack.lower_bound, method="measured",
+    method = "measured" if scoring.probe is None else "recovered"
+    return planner.plan(options, choices, target, predicted, knapsack.lower_bound, method=method,
                         search=result.summary)  # fmt: skip

@@ -113,7 +113,8 @@ class Plan:
         settings: Criterion and group reduction the channels are ranked with (the analysis file's).
         source: ``budget`` (allocated for :attr:`target`) or the ratios file the plan was read from.
         method: ``knapsack`` (allocated from the sensitivity curves), ``measured`` (improved with joint
-            evaluations, see :mod:`analysis.planning.measured`) or ``ratios`` (applied as given).
+            evaluations, see :mod:`analysis.planning.measured`), ``recovered`` (its finalists chosen after a brief
+            recovery each) or ``ratios`` (applied as given).
         search: For ``measured``: what the search evaluated and measured (JSON-friendly).
         notice: Why the summed predicted loss predicts nothing (:func:`prediction_notice`); None when it may.
     """
@@ -210,10 +211,16 @@ class Plan:
         if self.method == "knapsack":
             return knapsack
         evaluations = (self.search or {}).get("evaluations", 0)
-        return (
-            f"measured: started from the knapsack plan, improved with {evaluations} joint evaluations (all groups "
-            "pruned at once, BatchNorm re-estimated); predicted loss = the loss measured for this plan"
+        measured = (
+            f"started from the knapsack plan, improved with {evaluations} joint evaluations (all groups pruned at "
+            "once, BatchNorm re-estimated); predicted loss = the loss measured for this plan"
         )
+        if self.method == "recovered":
+            probed = len((self.search or {}).get("probed", []))
+            return (f"recovered: the measured search {measured.split('; ')[0]}, then its {probed} finalists each "
+                    f"recovered briefly on the same batches and the best kept; {measured.split('; ')[1]} before "
+                    "recovery")  # fmt: skip
+        return f"measured: {measured}"
 
 
 def prediction_notice(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from analysis.config import SEARCHED_PLAN_METHODS
 from analysis.metrics import LABEL_FREE_METRICS
 from analysis.planning.latency import LatencyOutcome
 from analysis.planning.result import PlanResult
@@ -30,7 +31,7 @@ def format_plan(result: PlanResult) -> str:
         lines.append(f"note: {len(beyond)} group(s) ({named}) have a ratio above the largest analysed one, so their "
                      f"loss and the plan's are unknown (no curve reaches there); {measured}.")  # fmt: skip
     dense, pruned = plan.dense, plan.pruned
-    if plan.method == "measured" and plan.search is not None:
+    if plan.method in SEARCHED_PLAN_METHODS and plan.search is not None:
         search = plan.search
         budget_of = f" of {search['budget']}" if search.get("budget") is not None else ""  # older sidecars lack it
         ended = "; the search ended early: no untried plan was left" if search.get("exhausted") else ""
@@ -41,7 +42,12 @@ def format_plan(result: PlanResult) -> str:
             f"{search['accepted_trades']} trades kept{ended}{unreliable}"
         )
         finalists = ", ".join(f"{f['name']} {f['top1']:.4f}" for f in search["finalists"])
-        lines.append(f"finalists (top1, every calibration image): {finalists}; chosen: {search['chosen']}")
+        chosen = f"; chosen: {search['chosen']}" if "probed" not in search else ""
+        lines.append(f"finalists (top1, every calibration image): {finalists}{chosen}")
+        if "probed" in search:
+            steps = str(search.get("probe", "")).split()[1:2] or ["?"]
+            probed = ", ".join(f"{f['name']} {f['top1']:.4f}" for f in search["probed"])
+            lines.append(f"after {steps[0]} recovery steps each (top1): {probed}; chosen: {search['chosen']}")
     else:
         lines.append(
             f"predicted loss (sum of single-layer losses): {_loss(plan.predicted_loss)}"
@@ -82,7 +88,7 @@ def format_plan(result: PlanResult) -> str:
         shown = next(m for m in (*LABEL_FREE_METRICS, "top1") if m in verification.baseline)  # the analysis metric
         also = "top5" if "top5" in losses else None
         predicted = _loss(plan.predicted_loss) + (", outside its meaningful range (see note)" if plan.notice else "")
-        if plan.method == "measured":
+        if plan.method in SEARCHED_PLAN_METHODS:
             predicted += unreliable
         lines.append(
             f"verified (all groups pruned at once, predicted loss {predicted}): {shown} "

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from analysis.config import SEARCHED_PLAN_METHODS
 from analysis.errors import AnalysisFileError
 from analysis.io.atomic import atomic_write_text
 from analysis.io.record import AnalysisRecord, AnalysisSource, as_record
@@ -378,7 +379,7 @@ def _unprunable_table(sidecar: Sidecar | None) -> str:
 
 def _prediction(plan: PlanRecord) -> str:
     """What a plan's predicted loss is."""
-    if plan.method == "measured":
+    if plan.method in SEARCHED_PLAN_METHODS:
         return "measured for this plan by the search, all groups pruned at once"
     return "sum of the single-layer losses"
 
@@ -421,7 +422,7 @@ def _plan_section(sidecar: Sidecar | None) -> str:
     predicted = f"{fixed(plan.predicted_loss)} ({_prediction(plan)})"
     if plan.prediction_notice:
         predicted += " OUTSIDE ITS MEANINGFUL RANGE: it predicts nothing (see above)."
-    elif plan.method == "measured":
+    elif plan.method in SEARCHED_PLAN_METHODS:
         predicted += unreliable
     rows = [("plan", what), ("method", _e(plan.method_description or plan.method or "-")),
             ("predicted loss", _e(predicted))]  # fmt: skip

@@ -8,7 +8,6 @@ the dense, one-shot, re-estimated and recovered metrics recorded in the sidecar 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from contextlib import AbstractContextManager
@@ -20,32 +19,36 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from analysis.config import Config, RecoveryConfig
+from analysis.config import Config
 from analysis.engine.batchnorm import recalibrate_copy
 from analysis.engine.evaluate import evaluate
 from analysis.errors import ConfigError, UserError
 from analysis.inputs import arguments
 from analysis.inputs.build import Inputs, build_inputs
-from analysis.inputs.data import Preprocess
-from analysis.inputs.model_preprocessing import with_model_preprocessing
 from analysis.inputs.numerics import numerics
 from analysis.io import sidecar as schema
-from analysis.io.fingerprint import json_fingerprint, model_fingerprint
 from analysis.io.lock import exclusive
 from analysis.io.ratios_yaml import channel_prune_yaml
 from analysis.io.record import AnalysisRecord, load_record
 from analysis.io.sidecar import RecoveryRecord, Sidecar
 from analysis.planning.plan import Plan, plan_from_ratios
 from analysis.planning.result import PlanResult
-from analysis.recovery.act import DistillSettings, TrainSettings, read_distillation, read_train_config
 from analysis.recovery.checkpoint import remove_checkpoints
-from analysis.recovery.data import Sharding, build_train_batches
+from analysis.recovery.data import Sharding
 from analysis.recovery.train import RecoveryJob, RecoveryOutcome, check_origin_metric, recover
 from analysis.scale.distributed import agree
 from analysis.structure.physical import jointly_pruned_copy
 from analysis.workflow.export import write_export
 from analysis.workflow.job import run_job
 from analysis.workflow.plan import Planned, budgets, config_argument, dense_metrics, make_plan
+from analysis.workflow.recipe import (
+    Recipe,
+    read_recipe,
+    resolve_precision,
+    run_identity,
+    train_batches,
+    training_preprocess,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -85,24 +88,6 @@ def recovery_folder(config: Config) -> Path:
     analysis_file = config.SensitivityAnalysis.analysis_file
     assert analysis_file is not None
     return Path(analysis_file).parent / DEFAULT_FOLDER
-
-
-def read_recipe(config: Config) -> Recipe:
-    """The config's ``TrainConfig`` and ``Distillation``, read before any model or data is loaded.
-
-    Raises:
-        ConfigError: For a key or type of either block with no PyTorch counterpart, naming it.
-    """
-    if config.Global.labels == "none":
-        raise ConfigError("run.py compress keeps the best recovered weights by top1 on labelled evaluation images; "
-                          "Global.labels is none: give the evaluation list its labels.")  # fmt: skip
-    blocks = config.act_blocks
-    if "TrainConfig" not in blocks:
-        logger.warning("%s has no TrainConfig block: ACT's defaults apply (100 epochs, SGD at a constant learning rate "
-                       "of 0.02); add one (docs/recovery.md).", config.source or "the config")  # fmt: skip
-    if "Distillation" not in blocks:
-        logger.info("No Distillation block: the pruned model learns the dense model's logits (l2, ACT's default).")
-    return Recipe(read_train_config(blocks.get("TrainConfig")), read_distillation(blocks.get("Distillation")))
 
 
 def run_compress(
@@ -155,14 +140,6 @@ def run_compress(
                             run.folder)  # fmt: skip
     _record(run, planned.result, result, job)
     return result
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """How the pruned model is recovered: ACT's ``TrainConfig`` and ``Distillation``, read."""
-
-    train: TrainSettings
-    distill: DistillSettings
 
 
 @dataclass(frozen=True)
@@ -268,23 +245,11 @@ def _recover(
     config, inputs, train, distill = run.config, run.inputs, recipe.train, recipe.distill
     r = config.Recovery
     sharding = Sharding(dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else Sharding()
-    preprocess = Preprocess.from_config(with_model_preprocessing(config, inputs.preprocessing).Global)
+    preprocess = training_preprocess(config, inputs)
     device = inputs.example_input.device
-    batches = build_train_batches(config, preprocess, labelled=r.label_loss_weight > 0, sharding=sharding,
-                                  pin_memory=device.type == "cuda")  # fmt: skip
+    batches = train_batches(config, inputs, preprocess, sharding)
     precision = resolve_precision(r, device)
-    identity = json_fingerprint({
-        "dense": model_fingerprint(inputs.model),
-        "plan": removals,
-        "recipe": train.as_dict(),
-        "distillation": distill.as_dict(),
-        "recovery": {key: value for key, value in dataclasses.asdict(r).items()
-                     if key not in ("output_dir", "num_workers", "resume")},
-        "train_images": [sample.path for sample in batches.images.samples],
-        "batch_size": batches.batch_size,
-        "preprocess": preprocess.identity(),
-        "eval_data": inputs.loader.fingerprint(),
-    })  # fmt: skip
+    identity = run_identity(config, inputs, recipe, batches, preprocess, plan=removals)
     job = RecoveryJob(train, distill, precision, r.label_loss_weight, run.folder, identity, preprocess, r.resume,
                       run.progress)  # fmt: skip
     total = train.total_steps(batches.steps_per_epoch)
@@ -296,13 +261,6 @@ def _recover(
         torch.manual_seed(r.seed if r.seed is not None else config.Global.seed)
         outcome = recover(pruned, inputs.model, batches, lambda model: run.measure(model, "eval"), job, dense)
     return outcome, job
-
-
-def resolve_precision(r: RecoveryConfig, device: torch.device) -> str:
-    """``Recovery.precision`` for this device: auto is bf16 on a GPU, fp32 elsewhere."""
-    if r.precision == "auto":
-        return "bf16" if device.type == "cuda" else "fp32"
-    return r.precision
 
 
 def _export(run: _Run, planned: Planned, recovered: nn.Module, outcome: RecoveryOutcome) -> dict[str, Path]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from analysis.config import Config, load_config
+from analysis.config import SEARCHED_PLAN_METHODS, Config, load_config
 from analysis.engine.batchnorm import recalibrate_copy
 from analysis.engine.evaluate import evaluate
 from analysis.engine.fidelity import PassMetrics, fidelity_evaluator
@@ -41,6 +41,7 @@ from analysis.planning.verify import CalibrationCheck, check_calibration, verify
 from analysis.structure.physical import jointly_pruned_copy
 from analysis.workflow.export import write_export
 from analysis.workflow.latency import latency_runtime, runtime_latency, wants_runtime_latency
+from analysis.workflow.probe import build_probe
 
 logger = logging.getLogger(__name__)
 
@@ -207,9 +208,12 @@ def _budget_plan(
     model, example = inputs.model, inputs.example_input
     also = {measure: value for measure, value in targets.items() if measure in ("macs", "params")}
     method = None
-    if s.plan_method == "measured":
+    if s.plan_method in SEARCHED_PLAN_METHODS:
         search = SearchSettings(evaluations=s.eval_budget, seed=config.Global.seed)
-        method = MeasuredMethod(_scoring(inputs, search, config.Global.seed), search, progress)
+        scoring = _scoring(inputs, search, config.Global.seed)
+        if s.plan_method == "recovered":
+            scoring.probe = build_probe(config, inputs)
+        method = MeasuredMethod(scoring, search, progress)
     if "latency" not in targets and "latency_ms" not in targets:
         measure, value = next(iter(also.items()))
         also.pop(measure)
@@ -284,6 +288,10 @@ def _export(
 
 def _chosen(plan: Plan, method: MeasuredMethod | None) -> str:
     """How the budget plan was chosen, for the ratios file's note."""
+    if method is not None and method.scoring.probe is not None:
+        steps = method.scoring.probe.setting.split()[1]
+        return (f"the best of the measured search's finalists after {steps} steps of recovery each (loss "
+                f"{plan.predicted_loss:.4f} measured with all groups pruned at once, before recovery)")  # fmt: skip
     if method is not None:
         return f"the best measured plan (loss {plan.predicted_loss:.4f} measured with all groups pruned at once)"
     return f"the smallest summed predicted loss ({plan.predicted_loss:.4f})"
