@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import logging
 import math
 import re
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from analysis.command_template import CommandTemplate, compile_pattern
@@ -705,10 +706,19 @@ def derive(config: Config, changes: Mapping[str, Any], *, command_line: bool = T
     return validate(derived)
 
 
+@functools.cache
+def _schema() -> DictConfig:
+    """The structured schema of :class:`Config`, built once (building it is most of a config's load time; merging
+    copies it, so the cached one is never changed)."""
+    schema = OmegaConf.structured(Config)
+    assert isinstance(schema, DictConfig)
+    return schema
+
+
 def _merged(layers: Sequence[Mapping[str, Mapping[str, Any]]]) -> Config:
     """The schema merged with ``layers`` (later ones win), types converted and checked; not yet validated."""
     try:
-        config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), *layers))
+        config = OmegaConf.to_object(OmegaConf.merge(_schema(), *layers))
     except OmegaConfBaseException as error:
         raise ConfigError(_describe_omegaconf_error(error)) from None
     except TypeError:  # OmegaConf's "Cannot merge incompatible container types" names no key
@@ -1509,7 +1519,7 @@ def _check_list_items(config: Config) -> None:
 def _describe_container_clash(layers: Sequence[Mapping[str, Mapping[str, Any]]]) -> str | None:
     """Name the key OmegaConf could not merge because a mapping meets a list (its TypeError names none), found by
     merging one key at a time; ``None`` when no key alone fails."""
-    schema = OmegaConf.structured(Config)
+    schema = _schema()
     keys = dict.fromkeys((section, key) for layer in layers for section, block in layer.items() for key in block)
     for section, key in keys:
         values = [layer[section][key] for layer in layers if key in layer.get(section, {})]
