@@ -99,7 +99,8 @@ class RecordingProbe:
     """A probe that keeps the removals of every plan it scored, in order (the finalists of a search)."""
 
     def __init__(self, probe: RecoveryProbe) -> None:
-        self.probe, self.calls = probe, []  # type: ignore[var-annotated]
+        self.probe = probe
+        self.calls: list[Removals] = []
 
     @property
     def setting(self) -> str:
