@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -31,6 +30,7 @@ from analysis.io.lock import exclusive
 from analysis.io.ratios_yaml import channel_prune_yaml
 from analysis.io.record import AnalysisRecord, load_record
 from analysis.io.sidecar import RecoveryRecord, Sidecar
+from analysis.planning.measured import Removals
 from analysis.planning.plan import Plan, plan_from_ratios
 from analysis.planning.result import PlanResult
 from analysis.recovery.checkpoint import remove_checkpoints
@@ -46,6 +46,7 @@ from analysis.workflow.recipe import (
     read_recipe,
     resolve_precision,
     run_identity,
+    seeded,
     train_batches,
     training_preprocess,
 )
@@ -170,9 +171,6 @@ class _Run:
             return evaluate(candidate, self.inputs.loader, progress=self.progress, desc=desc).metrics()
 
 
-Removals = list[tuple[str, list[int]]]
-
-
 def _planned_on_leader(run: _Run, ratios_file: str | Path | None) -> tuple[Planned | None, Removals, dict[str, Any]]:
     """The analysis (or its resume), the plan and the dense model's metrics (the analysis's baseline where it was
     measured on these images), on the first process alone; every process gets the removals and the metrics.
@@ -257,8 +255,7 @@ def _recover(
                 "rate %s, %s.", len(batches.images), batches.images.source.layout, total, batches.batch_size,
                 total / batches.steps_per_epoch, batches.steps_per_epoch, train.optimizer.type, train.schedule.type,
                 precision)  # fmt: skip
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(r.seed if r.seed is not None else config.Global.seed)
+    with seeded(config, device):
         outcome = recover(pruned, inputs.model, batches, lambda model: run.measure(model, "eval"), job, dense)
     return outcome, job
 

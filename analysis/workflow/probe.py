@@ -24,6 +24,7 @@ from analysis.engine.evaluate import evaluate
 from analysis.inputs.build import Inputs
 from analysis.inputs.data import Preprocess
 from analysis.inputs.numerics import numerics
+from analysis.planning.measured import Removals
 from analysis.recovery.act import TrainSettings
 from analysis.recovery.data import Sharding, TrainBatches
 from analysis.recovery.train import RecoveryJob, recover
@@ -33,13 +34,12 @@ from analysis.workflow.recipe import (
     read_recipe,
     resolve_precision,
     run_identity,
+    seeded,
     train_batches,
     training_preprocess,
 )
 
 logger = logging.getLogger(__name__)
-
-Removals = list[tuple[str, list[int]]]
 
 
 @dataclass
@@ -78,8 +78,7 @@ class RecoveryProbe:
         with tempfile.TemporaryDirectory(prefix="recovery-probe-") as folder:
             job = RecoveryJob(self.recipe.train, self.recipe.distill, resolve_precision(r, device), r.label_loss_weight,
                               Path(folder), self.identity, self.preprocess, resume=False, progress=False)  # fmt: skip
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                torch.manual_seed(r.seed if r.seed is not None else self.config.Global.seed)
+            with seeded(self.config, device):
                 outcome = recover(pruned, model, self.batches, self._evaluate, job, {})
         return dict(outcome.best.metrics)
 

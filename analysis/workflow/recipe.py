@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,3 +89,12 @@ def run_identity(
         "preprocess": preprocess.identity(),
         "eval_data": inputs.loader.fingerprint(),
     })  # fmt: skip
+
+
+@contextmanager
+def seeded(config: Config, device: torch.device) -> Iterator[None]:
+    """Seed PyTorch's generators with ``Recovery.seed`` (else ``Global.seed``) for one recovery, and give the caller's
+    generator states back afterwards (dropout and initialisation then depend on the seed alone)."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(config.Recovery.seed if config.Recovery.seed is not None else config.Global.seed)
+        yield
