@@ -106,6 +106,10 @@ class RecordingProbe:
     def setting(self) -> str:
         return self.probe.setting
 
+    @property
+    def steps(self) -> int:
+        return self.probe.steps
+
     def score(self, removals: Removals) -> dict[str, float]:
         self.calls.append(removals)
         return self.probe.score(removals)

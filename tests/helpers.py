@@ -271,3 +271,22 @@ def variant_metrics(sidecar: dict) -> dict:
         for name, info in sidecar["params"].items()
         for ratio, v in info.get("variants", {}).items()
     }
+
+
+Removals = list[tuple[str, list[int]]]
+
+
+class FakeProbe:
+    """Scores plans by a rule of the test's choosing and records what it was asked."""
+
+    def __init__(self, worst: Removals, setting: str = "probe fake") -> None:
+        self.worst, self.setting, self.steps = worst, setting, 5
+        self.calls: list[Removals] = []
+
+    def top1(self, removals: Removals) -> float:
+        """Any rule but the search's: the plan given as worst scores 0, others by the channels they remove."""
+        return 0.0 if sorted(removals) == sorted(self.worst) else 0.5 + sum(len(c) for _, c in removals) / 1000
+
+    def score(self, removals: Removals) -> dict[str, float]:
+        self.calls.append(removals)
+        return {"top1": self.top1(removals), "top5": 1.0, "ce": 1.0}

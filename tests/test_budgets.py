@@ -3,6 +3,7 @@ latency plan measured end to end), with the allocation's bound checked against b
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +29,7 @@ from analysis.runtimes.timing import Latency
 from analysis.structure.flops import count_cost
 from analysis.structure.physical import jointly_pruned_copy
 
-from helpers import CliResult, analysis_config, batches, calibration_batches, pseudo_labelled, randomize
+from helpers import CliResult, FakeProbe, analysis_config, batches, calibration_batches, pseudo_labelled, randomize
 from tiny_models import tiny_resnet
 
 
@@ -181,13 +182,31 @@ def test_the_measured_method_plans_a_latency_budget_measured_end_to_end(tmp_path
     runtime = MacsRuntime(example)
     scoring = PlanScoring(data, "data", calibration_batches(count=2), calibration_batches(count=1), "calibration")
     method = MeasuredMethod(scoring, SearchSettings(evaluations=6), progress=False)
+    # round_to=1: any analysed count, so the search has several finalists for the probe below
     plan = plan_for_latency(model, example, load_record(path), runtime, reduction=0.25, measured_method=method,
-                            also={"params": 0.3})  # fmt: skip
+                            also={"params": 0.3}, round_to=1)  # fmt: skip
     assert plan.method == "measured" and plan.latency is not None and plan.latency.met
     assert plan.search is not None and plan.search["evaluations"] >= 1  # the search ran and measured plans
     pruned = jointly_pruned_copy(model, plan.removals(), example)
     assert runtime.latency_of(pruned) <= 0.75 * runtime.latency_of(model)
     assert reductions(model, example, plan)[1] >= 0.3
+
+    # the recovered method on the same loop: the probe (which scores the measured choice worst) picks each attempt's
+    # plan among its finalists, and the plan kept still meets the measured goal
+    probe = FakeProbe(plan.removals())
+    probed = dataclasses.replace(method, scoring=dataclasses.replace(scoring, probe=probe))
+    recovered = plan_for_latency(model, example, load_record(path), runtime, reduction=0.25, measured_method=probed,
+                                 also={"params": 0.3}, round_to=1)  # fmt: skip
+    assert recovered.method == "recovered" and recovered.latency is not None and recovered.latency.met
+    search = recovered.search
+    assert search is not None and search["probe_steps"] == probe.steps and len(search["finalists"]) >= 2
+    best = max(search["probed"], key=lambda finalist: finalist["top1"])  # the kept attempt's finalists
+    assert search["chosen"] == best["name"] and probe.top1(recovered.removals()) == best["top1"] > 0
+    assert any(sorted(call) == sorted(recovered.removals()) for call in probe.calls)
+    assert sorted(recovered.removals()) != sorted(plan.removals())
+    assert runtime.latency_of(jointly_pruned_copy(model, recovered.removals(), example)) <= 0.75 * runtime.latency_of(
+        model
+    )
 
 
 def test_the_command_line_plans_for_two_budgets_and_records_both(

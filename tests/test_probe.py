@@ -24,6 +24,7 @@ import tiny_models
 from helpers import (
     TINY_MODELS,
     CliResult,
+    FakeProbe,
     batches,
     calibration_batches,
     pseudo_labelled,
@@ -34,23 +35,6 @@ from helpers import (
 )
 
 SETTINGS = SearchSettings(evaluations=10, calibration_images=8)
-Removals = list[tuple[str, list[int]]]
-
-
-class FakeProbe:
-    """Scores plans by a rule of the test's choosing and records what it was asked."""
-
-    def __init__(self, worst: Removals, setting: str = "probe fake") -> None:
-        self.worst, self.setting = worst, setting
-        self.calls: list[Removals] = []
-
-    def top1(self, removals: Removals) -> float:
-        """Any rule but the search's: the plan given as worst scores 0, others by the channels they remove."""
-        return 0.0 if sorted(removals) == sorted(self.worst) else 0.5 + sum(len(c) for _, c in removals) / 1000
-
-    def score(self, removals: Removals) -> dict[str, float]:
-        self.calls.append(removals)
-        return {"top1": self.top1(removals), "top5": 1.0, "ce": 1.0}
 
 
 def test_the_probe_decides_among_the_finalists_and_its_scores_are_reused(tmp_path: Path) -> None:
@@ -75,7 +59,7 @@ def test_the_probe_decides_among_the_finalists_and_its_scores_are_reused(tmp_pat
     best = max(range(len(probe.calls)), key=lambda i: probe.top1(probe.calls[i]))
     assert sorted(recovered.removals()) == sorted(probe.calls[best])
     assert sorted(recovered.removals()) != sorted(measured.removals())
-    assert search["chosen"] == search["probed"][best]["name"]
+    assert search["chosen"] == search["probed"][best]["name"] and search["probe_steps"] == probe.steps
     assert "finalists each recovered briefly" in recovered.describe_method()
 
     again = FakeProbe(measured.removals())
@@ -103,10 +87,19 @@ def test_recovered_method_from_the_command_line(cli: Callable[..., CliResult], t
     plan = load_sidecar(tmp_path / "s.pkl")["plan"]
     search = plan["search"]
     assert plan["method"] == "recovered" and len(search["probed"]) == len(search["finalists"])
-    assert search["probe"].startswith("probe 3 steps ")
+    assert search["probe"].startswith("probe 3 steps ") and search["probe_steps"] == 3
     assert "after 3 recovery steps each (top1)" in result.out
     log = search_log_path(tmp_path / "s.pkl").read_text().splitlines()
     assert len([line for line in log if '"probe 3 steps' in line]) == len(search["finalists"])
+
+    # compress reaches the same plan through the same step (its probes answered from the search log), then recovers it
+    compressed = cli("compress", "--config_path", config, "SensitivityAnalysis.target_macs_reduction=0.3",
+                     "SensitivityAnalysis.plan_method=recovered", "SensitivityAnalysis.eval_budget=6",
+                     "TrainConfig.train_iter=2", "TrainConfig.eval_iter=2", "--no_report")  # fmt: skip
+    assert compressed.code == 0, compressed.err
+    kept = load_sidecar(tmp_path / "s.pkl")["plan"]
+    assert kept["method"] == "recovered" and kept["groups"] == plan["groups"] and kept["recovery"]["steps"] == 2
+    assert search_log_path(tmp_path / "s.pkl").read_text().splitlines() == log
 
     # the probe trains: the same plan scored twice gives the same metrics (same seed, same batches), and a shorter
     # probe gives others

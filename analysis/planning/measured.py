@@ -121,6 +121,11 @@ class FinalistProbe(Protocol):
         reused only by the same probe."""
         ...
 
+    @property
+    def steps(self) -> int:
+        """The recovery steps each finalist trains (said in the plan's summary)."""
+        ...
+
     def score(self, removals: Removals) -> dict[str, float]:
         """The metrics (``top1`` and ``ce`` at least) of the dense model with ``removals`` pruned physically,
         BatchNorm re-estimated and briefly recovered."""
@@ -215,6 +220,7 @@ class MeasuredSearch:
         self.starts = dict(starts)
         self.evaluators: dict[str, Any] = {"search": search, "full": full}
         self.probe_setting = None if probe is None else probe.setting
+        self.probe_steps = None if probe is None else probe.steps
         if probe is not None:
             self.evaluators["probe"] = _ProbeEvaluator(planner, probe)
         self.log = log
@@ -413,6 +419,8 @@ class MeasuredSearch:
             return {"name": scored.name, **{k: scored.score.metrics[k] for k in ("top1", "top5", "ce")
                                             if k in scored.score.metrics}}  # fmt: skip
 
+        probe = {"probed": [brief(s) for s in result.probed], "probe": self.probe_setting,
+                 "probe_steps": self.probe_steps}  # fmt: skip
         return {
             "evaluations": result.evaluations,
             "budget": self.evaluations,
@@ -422,7 +430,7 @@ class MeasuredSearch:
             "accepted_trades": result.accepted,
             "starts": list(self.starts),
             "finalists": [brief(s) for s in result.finalists],
-            **({"probed": [brief(s) for s in result.probed], "probe": self.probe_setting} if result.probed else {}),
+            **(probe if result.probed else {}),
             "chosen": result.best.name,
             "knapsack": brief(result.knapsack),
             "settings": {**dataclasses.asdict(self.settings), "evaluations": self.evaluations},

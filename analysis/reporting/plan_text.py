@@ -45,9 +45,9 @@ def format_plan(result: PlanResult) -> str:
         chosen = f"; chosen: {search['chosen']}" if "probed" not in search else ""
         lines.append(f"finalists (top1, every calibration image): {finalists}{chosen}")
         if "probed" in search:
-            steps = str(search.get("probe", "")).split()[1:2] or ["?"]
             probed = ", ".join(f"{f['name']} {f['top1']:.4f}" for f in search["probed"])
-            lines.append(f"after {steps[0]} recovery steps each (top1): {probed}; chosen: {search['chosen']}")
+            steps = search.get("probe_steps", "?")
+            lines.append(f"after {steps} recovery steps each (top1): {probed}; chosen: {search['chosen']}")
     else:
         lines.append(
             f"predicted loss (sum of single-layer losses): {_loss(plan.predicted_loss)}"

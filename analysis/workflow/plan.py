@@ -289,7 +289,7 @@ def _export(
 def _chosen(plan: Plan, method: MeasuredMethod | None) -> str:
     """How the budget plan was chosen, for the ratios file's note."""
     if method is not None and method.scoring.probe is not None:
-        steps = method.scoring.probe.setting.split()[1]
+        steps = method.scoring.probe.steps
         return (f"the best of the measured search's finalists after {steps} steps of recovery each (loss "
                 f"{plan.predicted_loss:.4f} measured with all groups pruned at once, before recovery)")  # fmt: skip
     if method is not None:

@@ -65,7 +65,12 @@ class RecoveryProbe:
     @property
     def setting(self) -> str:
         """The search log's setting of this probe's scores."""
-        return f"probe {self.config.Recovery.probe_steps} steps {self.identity}"
+        return f"probe {self.steps} steps {self.identity}"
+
+    @property
+    def steps(self) -> int:
+        """The recovery steps each finalist trains (``Recovery.probe_steps``)."""
+        return self.config.Recovery.probe_steps
 
     def score(self, removals: Removals) -> dict[str, float]:
         """The metrics of the dense model with ``removals`` pruned, re-estimated and recovered for the probe's steps."""
