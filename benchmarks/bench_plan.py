@@ -92,15 +92,19 @@ def timed(function: Callable[[], Any]) -> tuple[Any, float]:
     return result, time.perf_counter() - start
 
 
-def uniform_removals(planner: Planner, options: Sequence[GroupOptions], target: float) -> Removals:
+def uniform_removals(
+    planner: Planner, options: Sequence[GroupOptions], target: float, round_to: int | None = None
+) -> Removals:
     """One ratio for every group (ranked by its first member), the smallest whose exact joint saving reaches
-    ``target`` (bisection on the ratio; the saving grows with it)."""
+    ``target`` (bisection on the ratio; the saving grows with it); each group keeps a multiple of ``round_to``
+    channels (default: the analysis's)."""
+    align = planner.round_to if round_to is None else round_to
 
     def picks(ratio: float) -> list[tuple[str, int]]:
         counts = []
         for group in options:
             param = planner.by_name[group.key]
-            counts.append((group.key, removal_count(param.channels, ratio, len(param.conv_blocks), planner.round_to)))
+            counts.append((group.key, removal_count(param.channels, ratio, len(param.conv_blocks), align)))
         return counts
 
     low, high = 0.0, 0.95
@@ -118,10 +122,13 @@ def saved(planner: Planner, picks: Sequence[tuple[str, int]]) -> float:
     return 1 - planner.picks_cost(picks).macs / planner.costs.dense.macs
 
 
-def torch_pruning_global(planner: Planner, target: float, global_pruning: bool = True) -> Removals:
+def torch_pruning_global(
+    planner: Planner, target: float, global_pruning: bool = True, round_to: int | None = None
+) -> Removals:
     """Torch-Pruning's global magnitude pruning (group L1, its channel choice) at the pruning ratio that reaches
     ``target``: the channels each of its groups removes, found on a copy with ``step(interactive=True)``; with
-    ``global_pruning`` False its local variant (the same ratio in every group)."""
+    ``global_pruning`` False its local variant (the same ratio in every group); ``round_to``: its option of that name
+    (channel counts kept at multiples of it)."""
     model, example = planner.model, planner.example_input[:1]
     classifier = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
 
@@ -132,7 +139,7 @@ def torch_pruning_global(planner: Planner, target: float, global_pruning: bool =
         with all_parameters_require_grad(clone):
             pruner = tp.pruner.MetaPruner(clone, example, importance=tp.importance.GroupMagnitudeImportance(p=1),
                                           global_pruning=global_pruning, pruning_ratio=ratio,
-                                          ignored_layers=ignored)  # fmt: skip
+                                          ignored_layers=ignored, round_to=round_to)  # fmt: skip
             chosen = [(names[group[0].dep.target.module], sorted(int(i) for i in group[0].idxs))
                       for group in pruner.step(interactive=True)]  # fmt: skip
         return [(name, channels) for name, channels in chosen if channels]

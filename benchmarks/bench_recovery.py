@@ -13,6 +13,16 @@ figure here (held out). At each MACs budget the plans are:
 * **Torch-Pruning global** and **local** magnitude pruning (``MetaPruner`` with group L1 importance, its own channel
   choice), the pruning ratio searched until the budget is reached.
 
+With ``--latency R`` (default 0.3; 0: none) one more budget: R less latency on ONNX Runtime (CPU provider, batch
+``--latency-batch``, default 32; at batch 1 the demo models' calls are too short for any plan to reach 30%). Ours are
+the latency plans of ``run.py plan --target_latency_reduction R`` (knapsack, measured, recovered: the latency table
+measured, each plan timed against the dense model until it meets the goal); the baselines know no latency, so each
+takes the smallest MACs cut (up in steps of 0.1, then bisection to 0.02) whose pruned model measured R faster between
+timings of the dense model. Every latency plan keeps a multiple of ``--latency-round-to`` (8) channels per pruned
+group (the baselines through Torch-Pruning's ``round_to``). Each is then timed against the dense model in a fresh
+process (``independent_latency.py``: ONNX files, ``--independent-rounds`` interleaved timings), beside our planner's
+verdict.
+
 Each plan is pruned physically (``jointly_pruned_copy``), scored at once (**one-shot**), after BatchNorm
 re-estimation on 1,024 training images (**BN**), after the recovered method's probe (**probe**: ``--probe-steps``
 steps, data seed 0), and after recovery by ``run.py compress``'s own loop
@@ -21,7 +31,7 @@ dense model as ACT's prune_dis example configures it (l2 on the logits, Momentum
 of the demo's training learning rate (0.005), batch 64, the demo's augmentation (crops of 60-100% of the image, no
 flip), weight decay 5e-4. Each seed fixes the data order and augmentation, so every plan sees the same batches.
 
-    python benchmarks/bench_recovery.py                                  # both demos, 50% and 65%, 3 epochs, 2 seeds
+    python benchmarks/bench_recovery.py                   # both demos, 50% and 65% MACs, 30% latency, 3 epochs, 2 seeds
     python benchmarks/bench_recovery.py --epochs 3 10 --seeds 0 1
     python benchmarks/bench_recovery.py --finalists      # also recover every finalist of the recovered method
 
@@ -52,6 +62,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
+from bench_latency import Candidate, independent_check  # noqa: E402
 from bench_plan import Removals, torch_pruning_global, uniform_removals  # noqa: E402
 
 from analysis.config import Config, derive, load_config  # noqa: E402
@@ -59,11 +70,17 @@ from analysis.engine.batchnorm import recalibrate_copy  # noqa: E402
 from analysis.engine.evaluate import evaluate  # noqa: E402
 from analysis.inputs.build import Inputs, build_inputs  # noqa: E402
 from analysis.inputs.data import EvalLoader, Preprocess, build_eval_loader  # noqa: E402
+from analysis.io.record import load_record  # noqa: E402
+from analysis.planning.latency import LatencyGoalNotReached  # noqa: E402
+from analysis.planning.latency_plan import MeasuredMethod, plan_for_latency  # noqa: E402
 from analysis.planning.measured import PlanScoring, SearchSettings, build_measured_plan  # noqa: E402
 from analysis.planning.plan import Plan, build_plan, open_planner  # noqa: E402
 from analysis.recovery.act import read_distillation, read_train_config  # noqa: E402
 from analysis.recovery.data import Sharding, build_train_batches  # noqa: E402
 from analysis.recovery.train import RecoveryJob, recover  # noqa: E402
+from analysis.runtimes.compare import bracket  # noqa: E402
+from analysis.runtimes.runtime import make_runtime  # noqa: E402
+from analysis.runtimes.settings import RuntimeSettings  # noqa: E402
 from analysis.structure.flops import count_cost  # noqa: E402
 from analysis.structure.groups import eval_mode  # noqa: E402
 from analysis.structure.physical import jointly_pruned_copy  # noqa: E402
@@ -93,6 +110,23 @@ class Row:
     seconds: dict[str, float] = field(default_factory=dict)  # plan, and "<epochs>" -> recovery seconds per seed
     probe: float = float("nan")  # after the probe's brief recovery
     finalists: list[dict[str, Any]] = field(default_factory=list)  # --finalists: each finalist's figures
+    kind: str = "macs"  # the budget's measure: macs, or latency (--latency)
+    verdict: str = ""  # our latency plans: the planner's verdict (met, missed, noisy) and its measured reduction
+    planner_reduction: float = float("nan")
+    independent: dict[str, Any] | None = None  # latency budget: independent_latency.py's JSON against the dense model
+
+    @property
+    def label(self) -> str:
+        """The budget as the tables say it."""
+        return f"{self.budget:.0%}" if self.kind == "macs" else f"latency {self.budget:.0%}"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A budget every method plans for: fewer MACs, or less latency measured on ONNX Runtime (``--latency``)."""
+
+    kind: str
+    value: float
 
 
 class RecordingProbe:
@@ -160,33 +194,109 @@ def probe_of(config: Config, inputs: Inputs, steps: int, recipe: str) -> Recover
 def plans(
     inputs: Inputs,
     analysis_file: str,
-    budget: float,
-    eval_budget: int | None,
+    budget: Budget,
+    args: argparse.Namespace,
     probe: RecordingProbe,
     made: dict[str, Any],
 ) -> dict[str, Callable[[], Removals]]:
-    """How each method makes its removals at ``budget`` (the recovered plan's search summary is put in ``made``)."""
+    """How each method makes its removals at ``budget``. ``made`` gets the recovered plan's search summary
+    (``"search"``) and, for a latency budget, our plans by method (verdicts)."""
     model, example = inputs.model, inputs.example_input
     planner, options = open_planner(model, example, analysis_file)
     calibration = inputs.calibration.loader if inputs.calibration is not None else None
     scoring = PlanScoring.from_loaders(inputs.loader, calibration, 256, 0)
     probed = dataclasses.replace(scoring, probe=probe)
-    settings = SearchSettings(evaluations=eval_budget)
+    settings = SearchSettings(evaluations=args.eval_budget)
 
     def searched(plan: Plan) -> Removals:
-        made["recovered"] = plan.search
+        made["search"] = plan.search
         return plan.removals()
 
+    if budget.kind == "latency":
+        return latency_plans(inputs, analysis_file, budget.value, args, {"knapsack": None, "measured": scoring,
+                                                                          "recovered": probed}, made)  # fmt: skip
+    target = budget.value
     return {
-        "knapsack": lambda: build_plan(model, example, analysis_file, budget).removals(),
-        "measured": lambda: build_measured_plan(model, example, analysis_file, budget, scoring, settings=settings,
+        "knapsack": lambda: build_plan(model, example, analysis_file, target).removals(),
+        "measured": lambda: build_measured_plan(model, example, analysis_file, target, scoring, settings=settings,
                                                 progress=False).removals(),
-        "recovered": lambda: searched(build_measured_plan(model, example, analysis_file, budget, probed,
+        "recovered": lambda: searched(build_measured_plan(model, example, analysis_file, target, probed,
                                                           settings=settings, progress=False)),
-        "uniform": lambda: uniform_removals(planner, options, budget),
-        "Torch-Pruning global": lambda: torch_pruning_global(planner, budget),
-        "Torch-Pruning local": lambda: torch_pruning_global(planner, budget, global_pruning=False),
+        "uniform": lambda: uniform_removals(planner, options, target),
+        "Torch-Pruning global": lambda: torch_pruning_global(planner, target),
+        "Torch-Pruning local": lambda: torch_pruning_global(planner, target, global_pruning=False),
     }  # fmt: skip
+
+
+def latency_plans(
+    inputs: Inputs,
+    analysis_file: str,
+    reduction: float,
+    args: argparse.Namespace,
+    scorings: dict[str, PlanScoring | None],
+    made: dict[str, Any],
+) -> dict[str, Callable[[], Removals]]:
+    """Our latency plans (``run.py plan --target_latency_reduction``: planned on ONNX Runtime at ``--latency-batch``,
+    measured end to end, by the knapsack or the search of ``scorings[method]``), and the baselines at their
+    smallest MACs cut that measures as fast as the budget asks on the same runtime (they know no latency: their MACs
+    target is searched against timings). Every plan, ours and theirs, keeps a multiple of ``--latency-round-to``
+    channels in each pruned group (Torch-Pruning's ``round_to``), what a user pruning for latency sets."""
+    model, example = inputs.model, inputs.example_input
+    planner, options = open_planner(model, example, analysis_file)
+    runtime = make_runtime("onnxruntime", torch.device("cpu"), settings=RuntimeSettings(threads=args.threads))
+    record = load_record(analysis_file)
+    align = args.latency_round_to
+
+    def ours(method: str) -> Plan:
+        if method not in made:
+            scoring = scorings[method]
+            search = SearchSettings(evaluations=args.eval_budget)
+            searched = None if scoring is None else MeasuredMethod(scoring, search, progress=False)
+            made[method] = plan_for_latency(model, example, record, runtime, reduction=reduction,
+                                            batch=args.latency_batch, progress=False, measured_method=searched,
+                                            round_to=align)  # fmt: skip
+            if method == "recovered":
+                made["search"] = made[method].search
+        plan: Plan = made[method]
+        return plan
+
+    def removals_of(method: str) -> Callable[[], Removals]:
+        return lambda: ours(method).removals()
+
+    def as_fast(removals_at: Callable[[float], Removals]) -> Removals:
+        """The removals of the smallest MACs target whose pruned model measured at least ``reduction`` faster than the
+        dense model on the runtime (each timing between two of the dense model's): up from 0.1 in steps of 0.1 until
+        one is, then bisection to 0.02. Upwards, not from the top: Torch-Pruning with ``round_to`` removes less at
+        some high ratios than at lower ones (at 0.9 its local pruning removed nothing from the demo ResNet)."""
+        shape = tuple(example.shape[1:])
+        found: dict[float, Removals] = {}
+
+        def fits(target: float) -> bool:
+            found[target] = removals_at(target)
+            pruned = jointly_pruned_copy(model, found[target], example).eval()
+            with runtime.prepare(model, shape) as dense, runtime.prepare(pruned, shape) as candidate:
+                return bracket(dense, candidate, args.latency_batch).reduction >= reduction
+
+        low, high = 0.0, 0.1
+        while not fits(high):
+            if high >= 0.9:
+                raise NotReached(f"no plan of 10% to 90% fewer MACs measured {reduction:.0%} faster")
+            low, high = high, round(high + 0.1, 6)
+        while high - low > 0.02:
+            middle = (low + high) / 2
+            low, high = (low, middle) if fits(middle) else (middle, high)
+        return found[high]
+
+    return {
+        **{method: removals_of(method) for method in scorings},
+        "uniform": lambda: as_fast(lambda target: uniform_removals(planner, options, target, align)),
+        "Torch-Pruning global": lambda: as_fast(lambda target: torch_pruning_global(planner, target, round_to=align)),
+        "Torch-Pruning local": lambda: as_fast(lambda target: torch_pruning_global(planner, target, False, align)),
+    }
+
+
+class NotReached(Exception):
+    """A baseline has no plan as fast as the latency budget asks."""
 
 
 def recovered(
@@ -223,43 +333,70 @@ def bench_model(
     dense = top1(model, heldout)
     dense_macs = count_cost(model, example).macs
     print(f"{model_name}: dense top1 {dense:.4f} on {heldout.num_samples} held-out images", flush=True)
+    budgets = [Budget("macs", value) for value in args.budgets]
+    budgets += [Budget("latency", value) for value in ([args.latency] if args.latency is not None else [])]
     rows = []
     with eval_mode(model):
-        for budget in args.budgets:
+        for budget in budgets:
             probe = probe_of(config, inputs, args.probe_steps, args.recipe)
             recorder = RecordingProbe(probe)
             heldout_probe = dataclasses.replace(probe, inputs=dataclasses.replace(inputs, loader=heldout))
             made: dict[str, Any] = {}
-            for method, make in plans(inputs, analysis_file, budget, args.eval_budget, recorder, made).items():
+            for method, make in plans(inputs, analysis_file, budget, args, recorder, made).items():
                 if args.methods and method not in args.methods:
                     continue
                 start = time.perf_counter()
-                removals = make()
+                try:
+                    removals = make()
+                except (LatencyGoalNotReached, NotReached) as error:
+                    print(
+                        f"| {model_name} | latency {budget.value:.0%} | {method} | not reached: {error} |", flush=True
+                    )
+                    continue
                 plan_seconds = time.perf_counter() - start
                 pruned = jointly_pruned_copy(model, removals, example)
                 reduction = 1 - count_cost(pruned, example).macs / dense_macs
                 one_shot = top1(pruned, heldout)
                 assert inputs.calibration is not None
                 recalibrate_copy(model, pruned, removals, example, inputs.calibration.loader)
-                row = Row(model_name, budget, method, reduction, one_shot, top1(pruned, heldout))
+                row = Row(
+                    model_name, budget.value, method, reduction, one_shot, top1(pruned, heldout), kind=budget.kind
+                )
                 row.seconds["plan"] = plan_seconds
+                if budget.kind == "latency":
+                    timed(row, made.get(method), inputs, pruned, args)
                 row.probe = heldout_probe.score(removals)["top1"]
                 for epochs in args.epochs:
                     scores, times = [], []
                     for seed in args.seeds:
-                        folder = args.out / model_name / "runs" / f"{budget}-{method}-{epochs}-{seed}".replace(" ", "_")
-                        student, seconds = recovered(config, inputs, pruned, epochs, seed, folder, args.recipe)
+                        run = f"{budget.kind}{budget.value}-{method}-{epochs}-{seed}".replace(" ", "_")
+                        student, seconds = recovered(config, inputs, pruned, epochs, seed, args.out / model_name /
+                                                     "runs" / run, args.recipe)  # fmt: skip
                         scores.append(top1(student, heldout))
                         times.append(seconds)
                     row.recovered[str(epochs)] = scores
                     row.seconds[str(epochs)] = statistics.mean(times)
                 if method == "recovered" and args.finalists:
-                    row.finalists = study_finalists(config, inputs, heldout, made["recovered"], recorder.calls, args,
-                                                    args.out / model_name / "runs" / f"{budget}-finalist")  # fmt: skip
+                    row.finalists = study_finalists(config, inputs, heldout, made["search"], recorder.calls, args,
+                                                    args.out / model_name / "runs" / f"{budget.kind}{budget.value}-"
+                                                    "finalist")  # fmt: skip
                 rows.append(row)
                 keep(model_name, dense, rows)
                 print(line(row, args.epochs), flush=True)
     return rows, dense
+
+
+def timed(row: Row, plan: Plan | None, inputs: Inputs, pruned: torch.nn.Module, args: argparse.Namespace) -> None:
+    """A latency budget's row: the planner's verdict (our plans) and the pruned model timed against the dense one in a
+    fresh process (``independent_latency.py``: ONNX files, ONNX Runtime, --latency-batch, interleaved)."""
+    if plan is not None and plan.latency is not None:
+        row.verdict = plan.latency.verdict
+        row.planner_reduction = plan.latency.last.measured.reduction
+    check_args = argparse.Namespace(exporter="torchscript", independent_rounds=args.independent_rounds,
+                                    threads=args.threads, independent_seconds=1.0)  # fmt: skip
+    check = independent_check(inputs, Candidate(pruned.eval(), row.macs_reduction), "onnxruntime", args.latency_batch,
+                              check_args)  # fmt: skip
+    row.independent = check.independent if check.independent is not None else {"error": check.error}
 
 
 def study_finalists(
@@ -301,8 +438,20 @@ def line(row: Row, epochs: list[int]) -> str:
     after = " | ".join(f"{statistics.mean(row.recovered[str(e)]):.3f} ({_spread(row.recovered[str(e)])})"
                        for e in epochs)  # fmt: skip
     per_epoch = statistics.mean(row.seconds[str(e)] / e for e in epochs)
-    return (f"| {row.model} | {row.budget:.0%} ({row.macs_reduction:.1%}) | {row.method} | {row.one_shot:.3f} | "
-            f"{row.bn:.3f} | {row.probe:.3f} | {after} | {per_epoch:.1f} s |")  # fmt: skip
+    return (f"| {row.model} | {row.label} ({row.macs_reduction:.1%}) | {row.method} | {row.one_shot:.3f} | "
+            f"{row.bn:.3f} | {row.probe:.3f} | {after} | {per_epoch:.1f} s | {_latency(row)} |")  # fmt: skip
+
+
+def _latency(row: Row) -> str:
+    """A latency row's independent reduction (median, smallest-largest of the rounds) and our planner's verdict."""
+    measured = row.independent
+    if measured is None:
+        return "-"
+    if "median_reduction" not in measured:
+        return f"failed: {measured.get('error', '')}"
+    low, high = measured["interval"]
+    verdict = f"; planner: {row.verdict} at {row.planner_reduction:.1%}" if row.verdict else ""
+    return f"{measured['median_reduction']:.1%} ({low:.1%} to {high:.1%}){verdict}"
 
 
 def _spread(values: list[float]) -> str:
@@ -344,14 +493,15 @@ def rank_agreement(results: dict[str, Any]) -> list[str]:
     lines = ["| " + " | ".join(["plans of", "budget", "one-shot", "BN", "probe", *(f"{e} epochs" for e in shorter)])
              + " |"]  # fmt: skip
     for model, data in results["models"].items():
-        for budget in sorted({row["budget"] for row in data["rows"]}):
-            rows = [row for row in data["rows"] if row["budget"] == budget]
+        for kind, budget in sorted({(row.get("kind", "macs"), row["budget"]) for row in data["rows"]}, reverse=True):
+            rows = [row for row in data["rows"] if (row.get("kind", "macs"), row["budget"]) == (kind, budget)]
+            label = Row(model, budget, "", 0, 0, 0, kind=kind).label
             target = [statistics.mean(row["recovered"][longest]) for row in rows]
             predictors = [[row["one_shot"] for row in rows], [row["bn"] for row in rows],
                           [row.get("probe", float("nan")) for row in rows]]  # fmt: skip
             predictors += [[statistics.mean(row["recovered"][e]) for row in rows] for e in shorter]
             cells = " | ".join(f"{spearman(values, target):+.2f}" for values in predictors)
-            lines.append(f"| {model} | {budget:.0%} | {cells} |")
+            lines.append(f"| {model} | {label} | {cells} |")
             for row in rows:
                 finalists = row.get("finalists") or []
                 if len(finalists) < 2:
@@ -359,7 +509,7 @@ def rank_agreement(results: dict[str, Any]) -> list[str]:
                 target = [statistics.mean(f["recovered"][longest]) for f in finalists]
                 predictors = [[f["bn"] for f in finalists], [f["probe"] for f in finalists]]
                 bn, probe = (f"{spearman(values, target):+.2f}" for values in predictors)
-                lines.append(f"| {len(finalists)} finalists, {model} | {budget:.0%} | - | {bn} | {probe} |"
+                lines.append(f"| {len(finalists)} finalists, {model} | {label} | - | {bn} | {probe} |"
                              + " - |" * len(shorter))  # fmt: skip
     return lines
 
@@ -379,7 +529,12 @@ def summarise(path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["digits_mobilenet", "digits_resnet"])
-    parser.add_argument("--budgets", nargs="+", type=float, default=[0.5, 0.65])
+    parser.add_argument("--budgets", nargs="*", type=float, default=[0.5, 0.65], help="MACs reductions")
+    parser.add_argument("--latency", type=float, default=0.3, help="a latency reduction (0: none)")
+    parser.add_argument("--latency-batch", type=int, default=32, help="images per call of the latency budget")
+    parser.add_argument("--latency-round-to", type=int, default=8, help="channel alignment of every latency plan")
+    parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (planner and check); 0: default")
+    parser.add_argument("--independent-rounds", type=int, default=7, help="pruned timings of each independent check")
     parser.add_argument("--ratios", nargs="+", type=float, default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7],
                         help="the analysis's ratios (the demo's 0.1-0.4 cannot reach 65%% fewer MACs)")  # fmt: skip
     parser.add_argument("--epochs", nargs="+", type=int, default=[3])
@@ -404,13 +559,14 @@ def main() -> int:
     if args.summarise is not None:
         summarise(args.summarise)
         return 0
+    args.latency = args.latency or None
     args.out = args.out.resolve()  # the split lists are named by absolute path (a relative one is read from data_dir)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
     print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, threads "
           f"{torch.get_num_threads()}, commit {commit.stdout.strip()}", flush=True)  # fmt: skip
     header = " | ".join(f"{e} epochs (seeds {'/'.join(map(str, args.seeds))})" for e in args.epochs)
     print(f"| model | MACs cut | plan | one-shot | BN | probe ({args.probe_steps} steps) | {header} | recovery per "
-          "epoch |", flush=True)  # fmt: skip
+          f"epoch | latency (independent, batch {args.latency_batch}) |", flush=True)  # fmt: skip
     results: dict[str, Any] = {"epochs": args.epochs, "seeds": args.seeds, "recipe": args.recipe,
                                "probe_steps": args.probe_steps, "models": {}}  # fmt: skip
 
