@@ -113,6 +113,7 @@ class Row:
     kind: str = "macs"  # the budget's measure: macs, or latency (--latency)
     verdict: str = ""  # our latency plans: the planner's verdict (met, missed, noisy) and its measured reduction
     planner_reduction: float = float("nan")
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # our latency plans: each plan the planner measured
     independent: dict[str, Any] | None = None  # latency budget: independent_latency.py's JSON against the dense model
 
     @property
@@ -392,6 +393,10 @@ def timed(row: Row, plan: Plan | None, inputs: Inputs, pruned: torch.nn.Module, 
     if plan is not None and plan.latency is not None:
         row.verdict = plan.latency.verdict
         row.planner_reduction = plan.latency.last.measured.reduction
+        row.attempts = [{"target": a.target_reduction, "predicted": round(a.predicted_reduction, 4),
+                         "measured": round(a.measured.reduction, 4),
+                         "interval": [round(end, 4) for end in a.measured.interval]}
+                        for a in plan.latency.attempts]  # fmt: skip
     check_args = argparse.Namespace(exporter="torchscript", independent_rounds=args.independent_rounds,
                                     threads=args.threads, independent_seconds=1.0)  # fmt: skip
     check = independent_check(inputs, Candidate(pruned.eval(), row.macs_reduction), "onnxruntime", args.latency_batch,
