@@ -71,10 +71,11 @@ from analysis.engine.evaluate import evaluate  # noqa: E402
 from analysis.inputs.build import Inputs, build_inputs  # noqa: E402
 from analysis.inputs.data import EvalLoader, Preprocess, build_eval_loader  # noqa: E402
 from analysis.io.record import load_record  # noqa: E402
+from analysis.planning.allocate import GroupOptions  # noqa: E402
 from analysis.planning.latency import LatencyGoalNotReached  # noqa: E402
 from analysis.planning.latency_plan import MeasuredMethod, plan_for_latency  # noqa: E402
 from analysis.planning.measured import PlanScoring, SearchSettings, build_measured_plan  # noqa: E402
-from analysis.planning.plan import Plan, build_plan, open_planner  # noqa: E402
+from analysis.planning.plan import Plan, Planner, build_plan, open_planner  # noqa: E402
 from analysis.recovery.act import read_distillation, read_train_config  # noqa: E402
 from analysis.recovery.data import Sharding, build_train_batches  # noqa: E402
 from analysis.recovery.train import RecoveryJob, recover  # noqa: E402
@@ -214,8 +215,8 @@ def plans(
         return plan.removals()
 
     if budget.kind == "latency":
-        return latency_plans(inputs, analysis_file, budget.value, args, {"knapsack": None, "measured": scoring,
-                                                                          "recovered": probed}, made)  # fmt: skip
+        scorings = {"knapsack": None, "measured": scoring, "recovered": probed}
+        return latency_plans(inputs, planner, options, analysis_file, budget.value, args, scorings, made)
     target = budget.value
     return {
         "knapsack": lambda: build_plan(model, example, analysis_file, target).removals(),
@@ -231,6 +232,8 @@ def plans(
 
 def latency_plans(
     inputs: Inputs,
+    planner: Planner,
+    options: list[GroupOptions],
     analysis_file: str,
     reduction: float,
     args: argparse.Namespace,
@@ -243,7 +246,6 @@ def latency_plans(
     target is searched against timings). Every plan, ours and theirs, keeps a multiple of ``--latency-round-to``
     channels in each pruned group (Torch-Pruning's ``round_to``), what a user pruning for latency sets."""
     model, example = inputs.model, inputs.example_input
-    planner, options = open_planner(model, example, analysis_file)
     runtime = make_runtime("onnxruntime", torch.device("cpu"), settings=RuntimeSettings(threads=args.threads))
     record = load_record(analysis_file)
     align = args.latency_round_to
@@ -272,20 +274,22 @@ def latency_plans(
         shape = tuple(example.shape[1:])
         found: dict[float, Removals] = {}
 
-        def fits(target: float) -> bool:
-            found[target] = removals_at(target)
-            pruned = jointly_pruned_copy(model, found[target], example).eval()
-            with runtime.prepare(model, shape) as dense, runtime.prepare(pruned, shape) as candidate:
-                return bracket(dense, candidate, args.latency_batch).reduction >= reduction
+        with runtime.prepare(model, shape) as dense:  # once for the whole search
 
-        low, high = 0.0, 0.1
-        while not fits(high):
-            if high >= 0.9:
-                raise NotReached(f"no plan of 10% to 90% fewer MACs measured {reduction:.0%} faster")
-            low, high = high, round(high + 0.1, 6)
-        while high - low > 0.02:
-            middle = (low + high) / 2
-            low, high = (low, middle) if fits(middle) else (middle, high)
+            def fits(target: float) -> bool:
+                found[target] = removals_at(target)
+                pruned = jointly_pruned_copy(model, found[target], example).eval()
+                with runtime.prepare(pruned, shape) as candidate:
+                    return bracket(dense, candidate, args.latency_batch).reduction >= reduction
+
+            low, high = 0.0, 0.1
+            while not fits(high):
+                if high >= 0.9:
+                    raise NotReached(f"no plan of 10% to 90% fewer MACs measured {reduction:.0%} faster")
+                low, high = high, round(high + 0.1, 6)
+            while high - low > 0.02:
+                middle = (low + high) / 2
+                low, high = (low, middle) if fits(middle) else (middle, high)
         return found[high]
 
     return {

@@ -292,22 +292,20 @@ def test_when_the_smaller_plan_misses_the_met_one_is_kept(setting: Any) -> None:
     assert f"measured {outcome.attempts[0].measured.reduction:.1%} faster" in shown  # the kept plan's figures
 
 
-class SpreadRuntime(MacsRuntime):
-    """:class:`MacsRuntime` (reading the steady runtime's cached table) whose pruned models' timings cycle through
-    ``factors`` of their steady latency, while the dense model's stay steady: an interval around each plan's median
-    whose worse end is ``max(factors) - 1`` slower."""
+class SlowedRuntime(MacsRuntime):
+    """:class:`MacsRuntime` (reading the steady runtime's cached table) whose pruned models' n-th timing (counting all
+    of them from 1) is ``factor(n)`` times their steady latency, while the dense model's stay steady."""
 
-    def __init__(self, example: torch.Tensor, dense: nn.Module, factors: tuple[float, ...]) -> None:
+    def __init__(self, example: torch.Tensor, dense: nn.Module, factor: Callable[[int], float]) -> None:
         super().__init__(example)
-        self.dense, self.factors, self.timings = dense, factors, 0
+        self.dense, self.factor, self.timings = dense, factor, 0
 
     def measure(self, model: nn.Module, sample_shape: Any, batch: int) -> Latency:
         steady = super().measure(model, sample_shape, batch)
         if model is self.dense:
             return steady
         self.timings += 1
-        factor = self.factors[self.timings % len(self.factors)]
-        return Latency(steady.runtime, steady.device, batch, steady.median_ms * factor, 0.0, 1)
+        return Latency(steady.runtime, steady.device, batch, steady.median_ms * self.factor(self.timings), 0.0, 1)
 
 
 def test_a_plan_whose_median_meets_the_goal_but_not_its_worse_end_is_followed_by_a_larger_one(setting: Any) -> None:
@@ -317,30 +315,14 @@ def test_a_plan_whose_median_meets_the_goal_but_not_its_worse_end_is_followed_by
     model, example, path = setting
     target = 0.2
     table_of(setting, MacsRuntime(example), path.name)  # the cached table, beside the analysis file
-    runtime = SpreadRuntime(example, model, (1.0, 1.08, 0.92))
+    factors = (1.0, 1.08, 0.92)  # an interval around each plan's median whose worse end is 8% slower
+    runtime = SlowedRuntime(example, model, lambda n: factors[n % len(factors)])
     plan = plan_for_latency(model, example, load_record(path), runtime, reduction=target, round_to=1)
     outcome = plan.latency
     assert outcome is not None
     straddled = [a for a in outcome.attempts if a.measured.interval[0] < target <= a.measured.reduction]
     assert straddled  # the premise: some plan's median met the goal while its worse end did not
     assert outcome.verdict == "met" and outcome.last.measured.interval[0] >= target
-
-
-class HiccupRuntime(MacsRuntime):
-    """:class:`MacsRuntime` (reading the steady runtime's cached table) on which one timing of a pruned model, the
-    second, runs ``factor`` times slower: one busy moment on a shared machine."""
-
-    def __init__(self, example: torch.Tensor, dense: nn.Module, factor: float) -> None:
-        super().__init__(example)
-        self.dense, self.factor, self.timings = dense, factor, 0
-
-    def measure(self, model: nn.Module, sample_shape: Any, batch: int) -> Latency:
-        steady = super().measure(model, sample_shape, batch)
-        if model is self.dense:
-            return steady
-        self.timings += 1
-        factor = self.factor if self.timings == 2 else 1.0
-        return Latency(steady.runtime, steady.device, batch, steady.median_ms * factor, 0.0, 1)
 
 
 def test_one_slow_timing_of_a_plan_raises_the_next_target_by_the_tolerance_at_most(setting: Any) -> None:
@@ -350,7 +332,7 @@ def test_one_slow_timing_of_a_plan_raises_the_next_target_by_the_tolerance_at_mo
     model, example, path = setting
     target, tolerance = 0.2, 0.05
     table_of(setting, MacsRuntime(example), path.name)  # the cached table, beside the analysis file
-    runtime = HiccupRuntime(example, model, 1.6)
+    runtime = SlowedRuntime(example, model, lambda n: 1.6 if n == 2 else 1.0)  # one busy moment
     plan = plan_for_latency(model, example, load_record(path), runtime, reduction=target, round_to=1,
                             tolerance=tolerance)  # fmt: skip
     outcome = plan.latency
