@@ -493,6 +493,11 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return sxy / (sxx * syy) ** 0.5 if sxx and syy else float("nan")
 
 
+def correlation_cell(value: float) -> str:
+    """A rank correlation for the table: ``-`` where it is undefined (every plan tied, as on the demo ResNet)."""
+    return "-" if value != value else f"{value:+.2f}"
+
+
 def rank_agreement(results: dict[str, Any]) -> list[str]:
     """Per model and budget: how well each earlier figure (one-shot, BN, the probe, a shorter recovery) ranks the plans
     as the longest recovery does (Spearman over the plans, seeds averaged), as Markdown rows; then the same over the
@@ -509,7 +514,7 @@ def rank_agreement(results: dict[str, Any]) -> list[str]:
             predictors = [[row["one_shot"] for row in rows], [row["bn"] for row in rows],
                           [row.get("probe", float("nan")) for row in rows]]  # fmt: skip
             predictors += [[statistics.mean(row["recovered"][e]) for row in rows] for e in shorter]
-            cells = " | ".join(f"{spearman(values, target):+.2f}" for values in predictors)
+            cells = " | ".join(correlation_cell(spearman(values, target)) for values in predictors)
             lines.append(f"| {model} | {label} | {cells} |")
             for row in rows:
                 finalists = row.get("finalists") or []
@@ -517,7 +522,7 @@ def rank_agreement(results: dict[str, Any]) -> list[str]:
                     continue
                 target = [statistics.mean(f["recovered"][longest]) for f in finalists]
                 predictors = [[f["bn"] for f in finalists], [f["probe"] for f in finalists]]
-                bn, probe = (f"{spearman(values, target):+.2f}" for values in predictors)
+                bn, probe = (correlation_cell(spearman(values, target)) for values in predictors)
                 lines.append(f"| {len(finalists)} finalists, {model} | {label} | - | {bn} | {probe} |"
                              + " - |" * len(shorter))  # fmt: skip
     return lines
@@ -531,7 +536,7 @@ def summarise(path: Path) -> None:
         print(f"{model}: dense top1 {data['dense']:.4f} (held out)")
         for row in data["rows"]:
             print(line(Row(**row), epochs))
-    print(f"\nrank agreement with {max(epochs)} epochs (Spearman over the plans):")
+    print(f"\nrank agreement with {max(epochs)} epochs (Spearman over the plans; -: every plan tied):")
     print("\n".join(rank_agreement(results)))
 
 
@@ -586,7 +591,7 @@ def main() -> int:
     for model in args.models:
         bench_model(model, args, keep)
     if len(args.epochs) > 1:
-        print(f"\nrank agreement with {max(args.epochs)} epochs (Spearman over the plans):")
+        print(f"\nrank agreement with {max(args.epochs)} epochs (Spearman over the plans; -: every plan tied):")
         print("\n".join(rank_agreement(results)))
     return 0
 
