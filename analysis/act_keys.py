@@ -36,7 +36,10 @@ TRAIN_CONFIG_KEYS: dict[str, ActKey] = {
         "mapping",
         "`{optimizer: {type: SGD}}`",
         "`optimizer` (`type`: `SGD`, `Momentum` (momentum 0.9 by default, as Paddle's), `Adam`, `AdamW`, `Adamax`, "
-        "`RMSProp`, `Adagrad`, with Paddle's argument names) and `weight_decay` beside it (L2; decoupled for AdamW)",
+        "`RMSProp`, `Adagrad`, with Paddle's argument names), `weight_decay` beside it (L2; decoupled for AdamW), "
+        "`grad_clip` (`type`: `ClipGradByGlobalNorm` or `ClipGradByNorm` with `clip_norm`, `ClipGradByValue` with "
+        "`max` and `min`, -max by default) and `regularizer` (`type`: `L2Decay` or `L1Decay`, `coeff`; in place of "
+        "`weight_decay`, as in ACT)",
     ),
     "eval_iter": ActKey(
         "int",

@@ -70,6 +70,9 @@ def test_act_defaults_and_what_the_optimizer_becomes() -> None:
 def test_paddle_only_keys_are_listed_as_ignored_and_old_names_translated() -> None:
     settings = read_train_config({"amp_config": {"use_pure_fp16": True}, "use_fleet": False, "epochs": 1})
     assert sorted(settings.ignored) == ["amp_config", "use_fleet"]
+    both = read_train_config({"optimizer_builder": {"regularizer": {"type": "L2Decay", "coeff": 1e-4},
+                                                    "weight_decay": 4e-5}})  # fmt: skip
+    assert list(both.ignored) == ["optimizer_builder.weight_decay"] and both.optimizer.weight_decay == 1e-4
     legacy = read_train_config({"optimizer": "Momentum", "optim_args": {"weight_decay": 4e-5, "momentum": 0.8}})
     assert (legacy.optimizer.type, legacy.optimizer.weight_decay, legacy.optimizer.arguments) == (
         "Momentum", 4e-5, {"momentum": 0.8})  # fmt: skip
@@ -345,6 +348,27 @@ def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(
     with pytest.raises(CheckpointError, match=r"last\.pt is the checkpoint of another run .*--fresh"):
         recover(copy.deepcopy(start), teacher, batches, _scores(0.1), _job(tmp_path / "killed", TRAIN, "other"),
                 {"top1": 0.5})  # fmt: skip
+
+
+def test_the_loop_clips_the_gradients_and_then_adds_the_l1_term(train_data: Path, tmp_path: Path) -> None:
+    """Gradients clamped to [0, 0] leave plain SGD nothing to do; an L1 term added after that clamp moves every weight
+    towards 0 by the learning rate times the coefficient at each of the 6 steps (before the clamp it would vanish)."""
+    batches = build_train_batches(_config(train_data), Preprocess(12, 14), labelled=True, sharding=Sharding())
+    teacher, start = _models()
+    zero = {"type": "ClipGradByValue", "min": 0.0, "max": 0.0}
+    runs = {}
+    for name, builder in (("clipped", {"grad_clip": zero}),
+                          ("l1", {"grad_clip": zero, "regularizer": {"type": "L1Decay", "coeff": 1e-3}})):  # fmt: skip
+        student = copy.deepcopy(start)
+        train = {**TRAIN, "optimizer_builder": {"optimizer": {"type": "SGD"}, **builder}}
+        torch.manual_seed(1)
+        recover(student, teacher, batches, _scores(0.1, 0.2, 0.3), _job(tmp_path / name, train), {"top1": 0.5})
+        runs[name] = dict(student.named_parameters())
+    for name, weight in start.named_parameters():
+        assert torch.equal(runs["clipped"][name], weight), name
+        moved = weight - 6 * TRAIN["learning_rate"] * 1e-3 * torch.sign(weight)
+        away_from_zero = weight.abs() > 1e-3  # no sign change within the 6 steps
+        assert torch.allclose(runs["l1"][name][away_from_zero], moved[away_from_zero], atol=1e-7), name
 
 
 def test_the_model_ends_with_the_best_evaluations_weights(train_data: Path, tmp_path: Path) -> None:

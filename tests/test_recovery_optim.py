@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from analysis.errors import ConfigError
+from analysis.recovery.gradients import GradClip, GradientRules
 from analysis.recovery.optim import (
     OPTIMIZERS,
     SCHEDULES,
@@ -144,8 +145,28 @@ def test_every_supported_optimizer_builds() -> None:
          r"^TrainConfig\.optimizer_builder\.weight_decay must be a number, not 'much'\.$"),
         (parse_optimizer, {"optimiser": {"type": "SGD"}},
          r"^TrainConfig\.optimizer_builder\.optimiser is not an optimizer_builder key \(did you mean 'optimizer'\?\)"),
-        (parse_optimizer, {"grad_clip": {"type": "ClipGradByGlobalNorm", "clip_norm": 1.0}},
-         r"^TrainConfig\.optimizer_builder\.grad_clip is not supported yet"),
+        (parse_optimizer, {"grad_clip": {"type": "ClipGradByGlobalNom", "clip_norm": 1.0}},
+         r"^TrainConfig\.optimizer_builder\.grad_clip\.type 'ClipGradByGlobalNom' is not a Paddle gradient clip "
+         r"\(did you mean 'ClipGradByGlobalNorm'\?\); supported: ClipGradByGlobalNorm, ClipGradByNorm, "
+         r"ClipGradByValue\.$"),
+        (parse_optimizer, {"grad_clip": {"type": "ClipGradByNorm"}},
+         r"^TrainConfig\.optimizer_builder\.grad_clip\.clip_norm is missing: ClipGradByNorm needs clip_norm\.$"),
+        (parse_optimizer, {"grad_clip": {"type": "ClipGradByGlobalNorm", "clip_norm": 0}},
+         r"^TrainConfig\.optimizer_builder\.grad_clip\.clip_norm must be positive, not 0\.$"),
+        (parse_optimizer, {"grad_clip": {"type": "ClipGradByValue", "max": 1.0, "min": 2.0}},
+         r"^TrainConfig\.optimizer_builder\.grad_clip\.min 2 is above "
+         r"TrainConfig\.optimizer_builder\.grad_clip\.max 1\.$"),
+        (parse_optimizer, {"grad_clip": {"type": "ClipGradByValue", "max": -1.0}},
+         r"^TrainConfig\.optimizer_builder\.grad_clip\.max must be positive when min is not given"),
+        (parse_optimizer, {"grad_clip": 5.0},
+         r"^TrainConfig\.optimizer_builder\.grad_clip must be a mapping with a type \(ClipGradByGlobalNorm, "),
+        (parse_optimizer, {"regularizer": {"type": "L3Decay", "coeff": 1e-4}},
+         r"^TrainConfig\.optimizer_builder\.regularizer\.type 'L3Decay' is not a Paddle regularizer .*supported: "
+         r"L2Decay, L1Decay\.$"),
+        (parse_optimizer, {"regularizer": {"type": "L2Decay", "factor": 1e-4}},
+         r"^TrainConfig\.optimizer_builder\.regularizer\.factor is not an argument of L2Decay; it takes coeff\.$"),
+        (parse_optimizer, {"optimizer": {"type": "AdamW"}, "regularizer": {"type": "L2Decay", "coeff": 1e-4}},
+         r"^TrainConfig\.optimizer_builder\.regularizer cannot be given with AdamW, whose decay is decoupled"),
     ],
 )  # fmt: skip
 def test_what_has_no_counterpart_is_refused_in_one_sentence_naming_the_key(
@@ -153,3 +174,52 @@ def test_what_has_no_counterpart_is_refused_in_one_sentence_naming_the_key(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         parse(value)
+
+
+def _grads(*values: list[float]) -> list[torch.nn.Parameter]:
+    """Parameters of zeros whose gradients are ``values``."""
+    parameters = []
+    for value in values:
+        weight = torch.nn.Parameter(torch.zeros(len(value)))
+        weight.grad = torch.tensor(value)
+        parameters.append(weight)
+    return parameters
+
+
+@pytest.mark.parametrize(
+    ("grad_clip", "grads", "clipped"),
+    [
+        # the global norm of (3, 0, 0, 4) is 5: every gradient times 1 / 5
+        ({"type": "ClipGradByGlobalNorm", "clip_norm": 1.0}, ([3.0, 0.0], [0.0, 4.0]), ([0.6, 0.0], [0.0, 0.8])),
+        ({"type": "ClipGradByGlobalNorm", "clip_norm": 10.0}, ([3.0, 0.0], [0.0, 4.0]), ([3.0, 0.0], [0.0, 4.0])),
+        # each gradient by its own norm: (3, 4) has 5, (0.6, 0.8) has 1
+        ({"type": "ClipGradByNorm", "clip_norm": 2.0}, ([3.0, 4.0], [0.6, 0.8]), ([1.2, 1.6], [0.6, 0.8])),
+        ({"type": "ClipGradByValue", "max": 0.5}, ([-1.0, 0.2, 3.0],), ([-0.5, 0.2, 0.5],)),  # min is -max
+        ({"type": "ClipGradByValue", "max": 1.0, "min": 0.0}, ([-1.0, 0.2, 3.0],), ([0.0, 0.2, 1.0],)),
+    ],
+)  # fmt: skip
+def test_each_gradient_clip_computes_paddles_clip(
+    grad_clip: dict[str, Any], grads: tuple[list[float], ...], clipped: tuple[list[float], ...]
+) -> None:
+    spec = parse_optimizer({"grad_clip": grad_clip})
+    parameters = _grads(*grads)
+    spec.gradients.apply(parameters)
+    for weight, expected in zip(parameters, clipped, strict=True):
+        assert weight.grad is not None and torch.allclose(weight.grad, torch.tensor(expected)), grad_clip
+
+
+def test_a_regularizer_takes_the_place_of_weight_decay_and_l1_follows_the_clip() -> None:
+    l2 = parse_optimizer({"optimizer": {"type": "Momentum"}, "regularizer": {"type": "L2Decay", "coeff": 3e-4},
+                          "weight_decay": 1e-2})  # fmt: skip
+    assert (l2.weight_decay, l2.gradients) == (3e-4, GradientRules())  # the optimizer's own (coupled) L2 decay
+    assert build_optimizer([torch.nn.Parameter(torch.zeros(1))], l2, 0.1).defaults["weight_decay"] == 3e-4
+    l1 = parse_optimizer({"regularizer": {"type": "L1Decay", "coeff": 0.1},
+                          "grad_clip": {"type": "ClipGradByValue", "max": 0.5}})  # fmt: skip
+    assert l1.weight_decay is None and l1.gradients == GradientRules(
+        GradClip("ClipGradByValue", low=-0.5, high=0.5), 0.1
+    )
+    weight = torch.nn.Parameter(torch.tensor([2.0, -3.0, 0.0]))
+    weight.grad = torch.tensor([4.0, 0.25, -1.0])
+    l1.gradients.apply([weight])
+    assert torch.allclose(weight.grad, torch.tensor([0.5 + 0.1, 0.25 - 0.1, -0.5]))  # clipped, then 0.1 * sign(w)
+    assert parse_optimizer({"regularizer": {"type": "L2Decay"}}).weight_decay == 0.0  # Paddle's default coeff

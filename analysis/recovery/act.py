@@ -83,8 +83,7 @@ class TrainSettings:
             "epochs": self.epochs,
             "train_iter": self.train_iter,
             "learning_rate": {"type": self.schedule.type, **self.schedule.arguments},
-            "optimizer": {"type": self.optimizer.type, **self.optimizer.arguments,
-                          "weight_decay": self.optimizer.weight_decay},
+            "optimizer": self.optimizer.as_dict(),
             "eval_iter": self.eval_iter,
             "logging_iter": self.logging_iter,
             "origin_metric": self.origin_metric,
@@ -144,6 +143,9 @@ def read_train_config(block: Any) -> TrainSettings:
         elif key not in TRAIN_KEYS:
             raise ConfigError(f"TrainConfig.{printable(key)} is not an ACT TrainConfig key"
                               f"{did_you_mean(key, (*TRAIN_KEYS, *IGNORED_TRAIN_KEYS))}.")  # fmt: skip
+    builder = raw.get("optimizer_builder")
+    if isinstance(builder, Mapping) and builder.get("regularizer") is not None and "weight_decay" in builder:
+        ignored["optimizer_builder.weight_decay"] = "optimizer_builder.regularizer is given, and ACT then decays by it"
     for key, why in ignored.items():
         logger.info("TrainConfig.%s is ignored: %s.", key, why)
     epochs = _count(raw, "epochs", optional=True)

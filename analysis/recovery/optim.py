@@ -21,6 +21,8 @@ import torch
 from torch.optim import lr_scheduler
 
 from analysis.errors import ConfigError, did_you_mean
+from analysis.recovery.gradients import GradientRules, parse_grad_clip, parse_regularizer
+from analysis.recovery.numbers import config_number
 
 Arguments = dict[str, Any]
 """A type's arguments as the config gives them (numbers, flags, lists of numbers, a few strings)."""
@@ -33,13 +35,25 @@ class OptimizerSpec:
     Attributes:
         type: The Paddle optimizer (:data:`OPTIMIZERS`).
         arguments: Its other arguments, Paddle's names (numbers read from strings).
-        weight_decay: ``optimizer_builder.weight_decay`` (L2, decoupled for AdamW, as in Paddle); None when absent
-            (no decay, and AdamW's own default 0.01).
+        weight_decay: ``optimizer_builder.weight_decay``, or the coefficient of ``regularizer: {type: L2Decay}``
+            (L2, decoupled for AdamW, as in Paddle); None when absent (no decay, and AdamW's own default 0.01).
+        gradients: ``grad_clip`` and an L1 ``regularizer``: what is done to the gradients before each update.
     """
 
     type: str
     arguments: Arguments = field(default_factory=dict)
     weight_decay: float | None = None
+    gradients: GradientRules = field(default_factory=GradientRules)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The optimizer as the sidecar records it and a recovery's identity includes (Paddle's names; the gradient
+        rules only where given, so that a checkpoint written before they were read still continues)."""
+        recorded: dict[str, Any] = {"type": self.type, **self.arguments, "weight_decay": self.weight_decay}
+        if self.gradients.clip is not None:
+            recorded["grad_clip"] = self.gradients.clip.as_dict()
+        if self.gradients.l1_decay:
+            recorded["regularizer"] = {"type": "L1Decay", "coeff": self.gradients.l1_decay}
+        return recorded
 
 
 @dataclass(frozen=True)
@@ -68,7 +82,8 @@ class ScheduleSpec:
 
 
 def parse_optimizer(builder: Mapping[str, Any] | None, key: str = "TrainConfig.optimizer_builder") -> OptimizerSpec:
-    """The optimizer ``optimizer_builder`` names (ACT's default when absent: SGD).
+    """The optimizer ``optimizer_builder`` names (ACT's default when absent: SGD), with its gradient clip and
+    regularizer. As in ACT, a ``regularizer`` takes the place of ``weight_decay`` when both are given.
 
     Raises:
         ConfigError: For an unknown type or argument, a non-numeric value, or a key ACT does not read.
@@ -79,17 +94,24 @@ def parse_optimizer(builder: Mapping[str, Any] | None, key: str = "TrainConfig.o
         name = sorted(unknown)[0]
         raise ConfigError(f"{key}.{name} is not an optimizer_builder key{did_you_mean(name, BUILDER_KEYS)}; "
                           f"it takes {', '.join(BUILDER_KEYS)}.")  # fmt: skip
-    for unsupported in ("grad_clip", "regularizer"):
-        if builder.get(unsupported) is not None:
-            raise ConfigError(f"{key}.{unsupported} is not supported yet; remove it (weight_decay is).")
     optimizer = dict(builder.get("optimizer") or {"type": "SGD"})
     kind = str(optimizer.pop("type", "SGD"))
     if kind not in OPTIMIZERS:
         raise ConfigError(f"{key}.optimizer.type '{kind}' has no PyTorch counterpart here"
                           f"{did_you_mean(kind, OPTIMIZERS)}; supported: {', '.join(OPTIMIZERS)}.")  # fmt: skip
     _check_arguments(f"{key}.optimizer", kind, optimizer, OPTIMIZER_ARGUMENTS[kind])
+    clip = parse_grad_clip(builder.get("grad_clip"), f"{key}.grad_clip")
+    regularizer = parse_regularizer(builder.get("regularizer"), f"{key}.regularizer")
+    if regularizer is not None:  # ACT passes the regularizer as Paddle's weight_decay, in place of the number
+        if kind == "AdamW":
+            raise ConfigError(f"{key}.regularizer cannot be given with AdamW, whose decay is decoupled (Paddle takes a "
+                              "number only); set optimizer_builder.weight_decay instead.")  # fmt: skip
+        l2 = regularizer.coeff if regularizer.type == "L2Decay" else None
+        l1 = regularizer.coeff if regularizer.type == "L1Decay" else 0.0
+        return OptimizerSpec(kind, _numbers(optimizer), l2, GradientRules(clip, l1))
     decay = builder.get("weight_decay")
-    return OptimizerSpec(kind, _numbers(optimizer), None if decay is None else _number(f"{key}.weight_decay", decay))
+    weight_decay = None if decay is None else config_number(f"{key}.weight_decay", decay)
+    return OptimizerSpec(kind, _numbers(optimizer), weight_decay, GradientRules(clip))
 
 
 def parse_schedule(learning_rate: Any, key: str = "TrainConfig.learning_rate") -> ScheduleSpec:
@@ -99,7 +121,7 @@ def parse_schedule(learning_rate: Any, key: str = "TrainConfig.learning_rate") -
         ConfigError: For an unknown or unsupported type, a missing or unknown argument, or a non-numeric value.
     """
     if not isinstance(learning_rate, Mapping):
-        return ScheduleSpec("constant", {"learning_rate": _number(key, learning_rate)})
+        return ScheduleSpec("constant", {"learning_rate": config_number(key, learning_rate)})
     arguments = dict(learning_rate)
     kind = str(arguments.pop("type", ""))
     arguments = {name: value for name, value in arguments.items() if name not in ("last_epoch", "verbose")}
@@ -267,25 +289,12 @@ def _check_arguments(key: str, kind: str, given: Mapping[str, Any], known: Itera
                               f"{', '.join(known) or 'none'}.")  # fmt: skip
         if isinstance(value, (list, tuple)):
             for item in value:
-                _number(f"{key}.{name}", item)
+                config_number(f"{key}.{name}", item)
         elif name in ("anneal_strategy", "name"):
             if not isinstance(value, str):
                 raise ConfigError(f"{key}.{name} must be a word, not {value!r}.")
         elif not isinstance(value, bool):
-            _number(f"{key}.{name}", value)
-
-
-def _number(key: str, value: Any) -> float:
-    """``value`` as a float (``1e-4`` reaches us as a string from YAML 1.1), else a ConfigError naming ``key``."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{key} must be a number, not {value!r}.")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key} must be a number, not {value!r}.") from None
-    if not math.isfinite(number):
-        raise ConfigError(f"{key} must be a finite number, not {value!r}.")
-    return number
+            config_number(f"{key}.{name}", value)
 
 
 def _numbers(arguments: Arguments) -> Arguments:

@@ -1,10 +1,10 @@
 """The recovery loop: distil the dense model into the pruned one as ACT's ``TrainConfig`` says, evaluating, keeping
 the best weights and writing a checkpoint every ``eval_iter`` steps, resumable from any checkpoint.
 
-Plain PyTorch: the step is a forward of both models, the distillation loss, backward, an optimizer step and a
-schedule step (every iteration, as ACT steps Paddle's). Under torchrun the pruned model is wrapped in
-``DistributedDataParallel`` and every process takes its share of each global batch; every process evaluates (the same
-images, so the same decisions) and the first writes the files.
+Plain PyTorch: the step is a forward of both models, the distillation loss, backward, the gradient clip (and an L1
+term) ACT configures, an optimizer step and a schedule step (every iteration, as ACT steps Paddle's). Under torchrun
+the pruned model is wrapped in ``DistributedDataParallel`` and every process takes its share of each global batch;
+every process evaluates (the same images, so the same decisions) and the first writes the files.
 """
 
 from __future__ import annotations
@@ -299,6 +299,7 @@ class _Loop:
                 loss = loss + self.job.label_loss_weight * F.cross_entropy(learnt[OUTPUT].float(), targets)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward untyped
+        self.job.train.optimizer.gradients.apply(self.student.parameters())  # grad_clip, an L1 regularizer
         self.optimizer.step()
         self.schedule.step()
         return loss.detach()
