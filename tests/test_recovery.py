@@ -67,8 +67,13 @@ def test_act_defaults_and_what_the_optimizer_becomes() -> None:
     assert (built.defaults["momentum"], built.defaults["weight_decay"]) == (0.9, 2e-5)  # Paddle's Momentum default
 
 
-def test_paddle_only_keys_are_listed_as_ignored_and_old_names_translated() -> None:
-    settings = read_train_config({"amp_config": {"use_pure_fp16": True}, "use_fleet": False, "epochs": 1})
+def test_paddle_only_keys_are_listed_as_ignored_and_old_names_translated(caplog: pytest.LogCaptureFixture) -> None:
+    block = {"amp_config": {"use_pure_fp16": True}, "use_fleet": False, "epochs": 1}
+    with caplog.at_level("INFO", logger="analysis.recovery.act"):
+        checked = read_train_config(block, announce=False)  # the command line's early check says nothing ...
+        assert caplog.text == ""
+        settings = read_train_config(block)  # ... the workflow's reading says it once
+    assert caplog.text.count("TrainConfig.amp_config is ignored") == 1 and checked == settings
     assert sorted(settings.ignored) == ["amp_config", "use_fleet"]
     both = read_train_config({"optimizer_builder": {"regularizer": {"type": "L2Decay", "coeff": 1e-4},
                                                     "weight_decay": 4e-5}})  # fmt: skip

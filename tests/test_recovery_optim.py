@@ -222,4 +222,6 @@ def test_a_regularizer_takes_the_place_of_weight_decay_and_l1_follows_the_clip()
     weight.grad = torch.tensor([4.0, 0.25, -1.0])
     l1.gradients.apply([weight])
     assert torch.allclose(weight.grad, torch.tensor([0.5 + 0.1, 0.25 - 0.1, -0.5]))  # clipped, then 0.1 * sign(w)
+    assert l1.describe() == "SGD, L1 decay 0.1, gradients clipped by ClipGradByValue [-0.5, 0.5]"  # the log says so
+    assert l2.describe() == "Momentum, weight decay 0.0003"
     assert parse_optimizer({"regularizer": {"type": "L2Decay"}}).weight_decay == 0.0  # Paddle's default coeff

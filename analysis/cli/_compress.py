@@ -46,7 +46,7 @@ def compress_main(args: argparse.Namespace) -> int:
     """``run.py compress``: the whole pipeline; prints the dense, one-shot and recovered metrics."""
     setup_logging(args.quiet)
     config = load_config(args.config_path, args.overrides, trust_config=args.trust_config)
-    read_recipe(config)  # the training blocks are checked before the model and the data load
+    read_recipe(config, announce=False)  # the training blocks are checked before the model and the data load
     if args.ratios is not None:
         load_ratios_yaml(args.ratios)
     check_config_outputs(config, "SensitivityAnalysis.export_dir")

@@ -126,15 +126,16 @@ class DistillSettings:
                            "alpha": p.alpha} for p in self.pairs]}  # fmt: skip
 
 
-def read_train_config(block: Any) -> TrainSettings:
-    """Read ``TrainConfig`` (a mapping, or None/absent for ACT's defaults).
+def read_train_config(block: Any, announce: bool = True) -> TrainSettings:
+    """Read ``TrainConfig`` (a mapping, or None/absent for ACT's defaults); ``announce``: log the keys ignored and the
+    old names translated (off for a check that reads the block once more later).
 
     Raises:
         ConfigError: For an unknown key, a value of the wrong type, an optimizer or schedule with no PyTorch
             counterpart.
     """
     raw = _mapping(block, "TrainConfig")
-    raw = _translate_legacy_train(raw)
+    raw = _translate_legacy_train(raw, announce)
     ignored: dict[str, str] = {}
     for key in list(raw):
         if key in IGNORED_TRAIN_KEYS:
@@ -146,7 +147,7 @@ def read_train_config(block: Any) -> TrainSettings:
     builder = raw.get("optimizer_builder")
     if isinstance(builder, Mapping) and builder.get("regularizer") is not None and "weight_decay" in builder:
         ignored["optimizer_builder.weight_decay"] = "optimizer_builder.regularizer is given, and ACT then decays by it"
-    for key, why in ignored.items():
+    for key, why in ignored.items() if announce else ():
         logger.info("TrainConfig.%s is ignored: %s.", key, why)
     epochs = _count(raw, "epochs", optional=True)
     train_iter = _count(raw, "train_iter", optional=True)
@@ -210,8 +211,9 @@ def _mapping(block: Any, name: str) -> dict[str, Any]:
     return {str(key): value for key, value in block.items()}
 
 
-def _translate_legacy_train(raw: dict[str, Any]) -> dict[str, Any]:
-    """PaddleSlim 2.3's ``optimizer: Momentum`` and ``optim_args: {weight_decay: ...}`` as ``optimizer_builder``."""
+def _translate_legacy_train(raw: dict[str, Any], announce: bool) -> dict[str, Any]:
+    """PaddleSlim 2.3's ``optimizer: Momentum`` and ``optim_args: {weight_decay: ...}`` as ``optimizer_builder``
+    (``announce``: say so in the log)."""
     if not any(key in raw for key in LEGACY_TRAIN_KEYS):
         return raw
     if "optimizer_builder" in raw:
@@ -222,7 +224,10 @@ def _translate_legacy_train(raw: dict[str, Any]) -> dict[str, Any]:
     if "weight_decay" in arguments:
         builder["weight_decay"] = arguments.pop("weight_decay")
     builder["optimizer"].update(arguments)
-    logger.info("TrainConfig.optimizer/optim_args are PaddleSlim 2.3's names; read as TrainConfig.optimizer_builder.")
+    if announce:
+        logger.info(
+            "TrainConfig.optimizer/optim_args are PaddleSlim 2.3's names; read as TrainConfig.optimizer_builder."
+        )
     return {**raw, "optimizer_builder": builder}
 
 

@@ -45,6 +45,19 @@ class OptimizerSpec:
     weight_decay: float | None = None
     gradients: GradientRules = field(default_factory=GradientRules)
 
+    def describe(self) -> str:
+        """The optimizer for a log line: its type, then the decay and the gradient rules where given."""
+        parts = [self.type]
+        if self.weight_decay:
+            parts.append(f"weight decay {self.weight_decay:g}")
+        if self.gradients.l1_decay:
+            parts.append(f"L1 decay {self.gradients.l1_decay:g}")
+        clip = self.gradients.clip
+        if clip is not None:
+            bound = f"{clip.clip_norm:g}" if clip.clip_norm is not None else f"[{clip.low:g}, {clip.high:g}]"
+            parts.append(f"gradients clipped by {clip.type} {bound}")
+        return ", ".join(parts)
+
     def as_dict(self) -> dict[str, Any]:
         """The optimizer as the sidecar records it and a recovery's identity includes (Paddle's names; the gradient
         rules only where given, so that a checkpoint written before they were read still continues)."""

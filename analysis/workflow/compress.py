@@ -253,8 +253,8 @@ def _recover(
     total = train.total_steps(batches.steps_per_epoch)
     logger.info("Recovery: %d training images (%s); %d steps of %d images (%.3g epochs of %d steps), %s, learning "
                 "rate %s, %s.", len(batches.images), batches.images.source.layout, total, batches.batch_size,
-                total / batches.steps_per_epoch, batches.steps_per_epoch, train.optimizer.type, train.schedule.type,
-                precision)  # fmt: skip
+                total / batches.steps_per_epoch, batches.steps_per_epoch, train.optimizer.describe(),
+                train.schedule.type, precision)  # fmt: skip
     with seeded(config, device):
         outcome = recover(pruned, inputs.model, batches, lambda model: run.measure(model, "eval"), job, dense)
     return outcome, job

@@ -116,5 +116,5 @@ def build_probe(config: Config, inputs: Inputs) -> RecoveryProbe:
     calibration = inputs.calibration.loader.fingerprint() if inputs.calibration is not None else None
     identity = run_identity(config, inputs, probe_recipe, batches, preprocess, calibration=calibration)
     logger.info("Recovery probe: %d steps of %d images for each finalist (%s, learning rate %s).", steps,
-                batches.batch_size, train.optimizer.type, train.schedule.type)  # fmt: skip
+                batches.batch_size, train.optimizer.describe(), train.schedule.type)  # fmt: skip
     return RecoveryProbe(config, inputs, probe_recipe, batches, preprocess, identity)

@@ -32,9 +32,10 @@ class Recipe:
     distill: DistillSettings
 
 
-def read_recipe(config: Config, why: str = "run.py compress") -> Recipe:
+def read_recipe(config: Config, why: str = "run.py compress", announce: bool = True) -> Recipe:
     """The config's ``TrainConfig`` and ``Distillation``, read before any model or data is loaded; ``why`` names what
-    needs them in the labels error.
+    needs them in the labels error; ``announce``: log the defaults taken, the keys ignored and the old names read (off
+    for the command line's early check, which the workflow follows by reading them again).
 
     Raises:
         ConfigError: For a key or type of either block with no PyTorch counterpart, naming it.
@@ -43,6 +44,9 @@ def read_recipe(config: Config, why: str = "run.py compress") -> Recipe:
         raise ConfigError(f"{why} keeps the best recovered weights by top1 on labelled evaluation images; "
                           "Global.labels is none: give the evaluation list its labels.")  # fmt: skip
     blocks = config.act_blocks
+    if not announce:
+        return Recipe(read_train_config(blocks.get("TrainConfig"), announce=False),
+                      read_distillation(blocks.get("Distillation"), legacy_note=False))  # fmt: skip
     if "TrainConfig" not in blocks:
         logger.warning("%s has no TrainConfig block: ACT's defaults apply (100 epochs, SGD at a constant learning rate "
                        "of 0.02); add one (docs/recovery.md).", config.source or "the config")  # fmt: skip
