@@ -194,7 +194,7 @@ def bench_model(model_name: str, args: argparse.Namespace) -> tuple[list[Row], d
     with eval_mode(model):
         planner, options = open_planner(model, example, plain_file)
         for budget in args.budgets:
-            methods: dict[str, Callable[[], tuple[Removals, float | None]]] = {
+            methods: dict[str, Callable[..., tuple[Removals, float | None]]] = {  # called with no argument
                 "uniform": lambda b=budget: (uniform_removals(planner, options, b), None),
                 "Torch-Pruning global": lambda b=budget: (torch_pruning_global(planner, b), None),
                 "knapsack": lambda b=budget: _plan(build_plan(model, example, plain_file, b)),
