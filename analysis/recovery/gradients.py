@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from analysis.errors import ConfigError, did_you_mean
-from analysis.recovery.numbers import config_number
+from analysis.recovery.values import check_arguments, config_number
 
 CLIP_ARGUMENTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "ClipGradByGlobalNorm": (("clip_norm",), ("group_name", "auto_skip_clip")),
@@ -114,6 +114,8 @@ def parse_grad_clip(value: Any, key: str) -> GradClip | None:
     """
     if value is None:
         return None
+    if isinstance(value, Mapping) and "min" in value and value["min"] is None:  # Paddle's default: -max
+        value = {name: given for name, given in value.items() if name != "min"}
     takes = {kind: (*required, *optional) for kind, (required, optional) in CLIP_ARGUMENTS.items()}
     kind, arguments = _typed(value, key, "gradient clip", takes)
     required, _ = CLIP_ARGUMENTS[kind]
@@ -126,7 +128,7 @@ def parse_grad_clip(value: Any, key: str) -> GradClip | None:
             raise ConfigError(f"{key}.clip_norm must be positive, not {arguments['clip_norm']!r}.")
         return GradClip(kind, clip_norm=clip_norm)
     high = config_number(f"{key}.max", arguments["max"])
-    if arguments.get("min") is None:
+    if "min" not in arguments:
         if high <= 0:
             raise ConfigError(f"{key}.max must be positive when min is not given (min is then -max), not {high:g}.")
         return GradClip(kind, low=-high, high=high)
@@ -153,7 +155,7 @@ def parse_regularizer(value: Any, key: str) -> Regularizer | None:
 
 def _typed(value: Any, key: str, what: str, takes: Mapping[str, tuple[str, ...]]) -> tuple[str, dict[str, Any]]:
     """A ``{type: ..., **arguments}`` mapping whose type is one of ``takes`` (type -> the arguments it takes): the type
-    and the arguments, each checked by name.
+    and the arguments, each checked by name and value.
 
     Raises:
         ConfigError: For a value that is not a mapping, an unknown type, or an argument the type does not take.
@@ -166,8 +168,5 @@ def _typed(value: Any, key: str, what: str, takes: Mapping[str, tuple[str, ...]]
     if kind not in takes:
         raise ConfigError(f"{key}.type '{kind}' is not a Paddle {what}{did_you_mean(kind, types)}; "
                           f"supported: {', '.join(types)}.")  # fmt: skip
-    for name in arguments:
-        if name not in takes[kind]:
-            raise ConfigError(f"{key}.{name} is not an argument of {kind}{did_you_mean(name, takes[kind])}; "
-                              f"it takes {', '.join(takes[kind])}.")  # fmt: skip
+    check_arguments(key, kind, arguments, takes[kind])
     return kind, arguments

@@ -22,7 +22,7 @@ from torch.optim import lr_scheduler
 
 from analysis.errors import ConfigError, did_you_mean
 from analysis.recovery.gradients import GradientRules, parse_grad_clip, parse_regularizer
-from analysis.recovery.numbers import config_number
+from analysis.recovery.values import check_arguments, config_number
 
 Arguments = dict[str, Any]
 """A type's arguments as the config gives them (numbers, flags, lists of numbers, a few strings)."""
@@ -112,7 +112,7 @@ def parse_optimizer(builder: Mapping[str, Any] | None, key: str = "TrainConfig.o
     if kind not in OPTIMIZERS:
         raise ConfigError(f"{key}.optimizer.type '{kind}' has no PyTorch counterpart here"
                           f"{did_you_mean(kind, OPTIMIZERS)}; supported: {', '.join(OPTIMIZERS)}.")  # fmt: skip
-    _check_arguments(f"{key}.optimizer", kind, optimizer, OPTIMIZER_ARGUMENTS[kind])
+    check_arguments(f"{key}.optimizer", kind, optimizer, OPTIMIZER_ARGUMENTS[kind], IGNORED_ARGUMENTS)
     clip = parse_grad_clip(builder.get("grad_clip"), f"{key}.grad_clip")
     regularizer = parse_regularizer(builder.get("regularizer"), f"{key}.regularizer")
     if regularizer is not None:  # ACT passes the regularizer as Paddle's weight_decay, in place of the number
@@ -148,7 +148,7 @@ def parse_schedule(learning_rate: Any, key: str = "TrainConfig.learning_rate") -
     missing = [name for name in required if name not in arguments]
     if missing:
         raise ConfigError(f"{key}.{missing[0]} is missing: the {kind} schedule needs {', '.join(required)}.")
-    _check_arguments(key, kind, arguments, (*required, *optional))
+    check_arguments(key, kind, arguments, (*required, *optional), IGNORED_ARGUMENTS)
     return ScheduleSpec(kind, _numbers(arguments))
 
 
@@ -291,23 +291,6 @@ own and accepted without effect: :data:`IGNORED_ARGUMENTS`)."""
 OPTIMIZERS = tuple(OPTIMIZER_ARGUMENTS)
 IGNORED_ARGUMENTS = ("multi_precision", "use_multi_tensor", "lazy_mode", "name")
 BUILDER_KEYS = ("optimizer", "weight_decay", "grad_clip", "regularizer")
-
-
-def _check_arguments(key: str, kind: str, given: Mapping[str, Any], known: Iterable[str]) -> None:
-    """Refuse an argument ``kind`` does not take, or a value that is not a number, flag, string or list of numbers."""
-    allowed = (*known, *IGNORED_ARGUMENTS)
-    for name, value in given.items():
-        if name not in allowed:
-            raise ConfigError(f"{key}.{name} is not an argument of {kind}{did_you_mean(name, allowed)}; it takes "
-                              f"{', '.join(known) or 'none'}.")  # fmt: skip
-        if isinstance(value, (list, tuple)):
-            for item in value:
-                config_number(f"{key}.{name}", item)
-        elif name in ("anneal_strategy", "name"):
-            if not isinstance(value, str):
-                raise ConfigError(f"{key}.{name} must be a word, not {value!r}.")
-        elif not isinstance(value, bool):
-            config_number(f"{key}.{name}", value)
 
 
 def _numbers(arguments: Arguments) -> Arguments:
