@@ -44,15 +44,13 @@ def read_recipe(config: Config, why: str = "run.py compress", announce: bool = T
         raise ConfigError(f"{why} keeps the best recovered weights by top1 on labelled evaluation images; "
                           "Global.labels is none: give the evaluation list its labels.")  # fmt: skip
     blocks = config.act_blocks
-    if not announce:
-        return Recipe(read_train_config(blocks.get("TrainConfig"), announce=False),
-                      read_distillation(blocks.get("Distillation"), legacy_note=False))  # fmt: skip
-    if "TrainConfig" not in blocks:
+    if announce and "TrainConfig" not in blocks:
         logger.warning("%s has no TrainConfig block: ACT's defaults apply (100 epochs, SGD at a constant learning rate "
                        "of 0.02); add one (docs/recovery.md).", config.source or "the config")  # fmt: skip
-    if "Distillation" not in blocks:
+    if announce and "Distillation" not in blocks:
         logger.info("No Distillation block: the pruned model learns the dense model's logits (l2, ACT's default).")
-    return Recipe(read_train_config(blocks.get("TrainConfig")), read_distillation(blocks.get("Distillation")))
+    return Recipe(read_train_config(blocks.get("TrainConfig"), announce),
+                  read_distillation(blocks.get("Distillation"), legacy_note=announce))  # fmt: skip
 
 
 def resolve_precision(r: RecoveryConfig, device: torch.device) -> str:
