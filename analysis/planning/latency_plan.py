@@ -158,7 +158,7 @@ def plan_for_latency(
 def worse_margin(measured: Bracketed, tolerance: float) -> float:
     """How far below its median a plan's worse end is expected to measure, to aim the next plan above the goal by:
     the measured distance, believed only as far as the better side's spread or the machine's ``tolerance`` reach. A
-    single slow timing is one busy moment, not the plan: aiming the whole distance below it (0.14 on the demo
+    single slow timing is treated as the machine's, not the plan's: aiming the whole distance below it (0.14 on the demo
     MobileNetV2 at batch 32, 2026-11-29) made the next plan remove 45% of the MACs for a 30% latency goal."""
     low, high = measured.interval
     below = measured.reduction - low
